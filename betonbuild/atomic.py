@@ -1,0 +1,47 @@
+"""Outputs appear at their target path only when complete: write to a temp name, rename on success."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def temp_path_for(target: str | os.PathLike) -> Path:
+    target = Path(target)
+    return target.with_name(f".{target.name}.tmp-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+    """Yields a temp path beside ``target``; renames it onto ``target`` if the block succeeds."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(target)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def write_json(target: str | os.PathLike, data: Any) -> None:
+    with atomic_path(target) as tmp:
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False, default=_json_default)
+            fh.write("\n")
+
+
+def _json_default(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")

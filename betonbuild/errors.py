@@ -1,0 +1,59 @@
+"""Error types whose messages a user can act on. Raised where the fact is known, printed once at the edge."""
+
+
+class BetonbuildError(Exception):
+    """Base class: everything betonbuild raises on purpose."""
+
+
+class ConfigError(BetonbuildError):
+    """The configuration is wrong; ``where`` is a dotted path such as ``datasets.photos.fields``."""
+
+    def __init__(self, where: str, why: str):
+        self.where = where
+        self.why = why
+        super().__init__(f"{where}: {why}")
+
+
+class SourceError(BetonbuildError):
+    """The dataset's source cannot be opened or read (missing file, factory import error...)."""
+
+    def __init__(self, dataset: str, why: str):
+        self.dataset = dataset
+        self.why = why
+        super().__init__(f"dataset '{dataset}': {why}")
+
+
+class SampleError(BetonbuildError):
+    """One value of one sample breaks the field's contract. Names dataset, field and source index."""
+
+    def __init__(self, dataset: str, field: str | None, index: int | None, why: str, fix: str = ""):
+        self.dataset = dataset
+        self.field = field
+        self.index = index
+        self.why = why
+        self.fix = fix
+        where = f"dataset '{dataset}'"
+        if field is not None:
+            where += f", field '{field}'"
+        if index is not None:
+            where += f", sample index {index}"
+        message = f"{where}: {why}"
+        if fix:
+            message += f". Fix: {fix}"
+        super().__init__(message)
+
+    def __reduce__(self):
+        # Keeps the structured fields when the error crosses a process boundary.
+        return (type(self), (self.dataset, self.field, self.index, self.why, self.fix))
+
+
+class WriteError(BetonbuildError):
+    """The write failed for a reason that is not one sample's fault (worker died, disk full...)."""
+
+
+class BetonFormatError(BetonbuildError):
+    """A .beton file is malformed: truncated, corrupt or not a .beton at all."""
+
+
+class VerificationError(BetonbuildError):
+    """The read-back report found the file does not match its source."""

@@ -1,0 +1,45 @@
+"""Glue for the thin scripts under scripts/: logging into the rule's log, one clear error at the edge."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Callable
+
+from .errors import BetonbuildError
+from .spec import DatasetSpec
+
+
+def dataset_spec(snakemake) -> DatasetSpec:
+    return DatasetSpec.from_dict(snakemake.params.spec)
+
+
+def run(snakemake, stage: Callable[[], object]) -> None:
+    """Runs ``stage`` with stdout/stderr (also of child processes) going to the rule's log.
+
+    A betonbuild error is printed once, to the log and to the console, and exits non-zero.
+    """
+    console = os.fdopen(os.dup(2), "w")
+    log = open(snakemake.log[0], "w") if snakemake.log else None
+    if log:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        stage()
+    except BetonbuildError as exc:
+        message = f"betonbuild error: {exc}"
+        if getattr(exc, "worker_traceback", None):
+            print(exc.worker_traceback, file=sys.stderr)
+        print(message, file=sys.stderr, flush=True)
+        if log:
+            print(message, file=console, flush=True)
+        sys.exit(1)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        if log:
+            print(f"unexpected error; traceback in {snakemake.log[0]}", file=console, flush=True)
+        raise

@@ -1,0 +1,106 @@
+"""The workflow's stages as plain functions: what each Snakemake rule (and the CLI) runs.
+
+source manifest -> smoke write -> smoke verify -> full write -> full verify. Each stage reads the
+dataset spec and the previous stage's files and writes its outputs atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from .atomic import write_json
+from .errors import SourceError, VerificationError
+from .provenance import ffcv_build
+from .sources import fingerprint_files, open_source
+from .spec import DatasetSpec, resolve_indices, smoke_positions
+from .verify import verify_beton
+from .write import resolve_workers, write_beton
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array, dtype="<i8").tobytes()).hexdigest()
+
+
+def make_source_manifest(spec: DatasetSpec, manifest_path: str) -> dict[str, Any]:
+    """results/{ds}/source.json: length, final sample order and a fingerprint of the inputs."""
+    source = open_source(spec)
+    order = resolve_indices(spec.writer, len(source), spec.name)
+    manifest = {
+        "dataset": spec.name,
+        "kind": spec.source["kind"],
+        "length": len(source),
+        "num_samples": int(len(order)),
+        "order_sha256": _digest(order),
+        "inputs": fingerprint_files(source.files),
+        "source": spec.source,
+    }
+    write_json(manifest_path, manifest)
+    return manifest
+
+
+def rows_to_write(spec: DatasetSpec, source, manifest_path: str, smoke: bool) -> np.ndarray:
+    """Source index of every sample of the file: the final order, or the smoke subset of it."""
+    with open(manifest_path) as fh:
+        manifest = json.load(fh)
+    if len(source) != manifest["length"]:
+        raise SourceError(
+            spec.name,
+            f"the source now has {len(source)} samples but {manifest_path} recorded {manifest['length']}; "
+            "it changed during the build: run snakemake again",
+        )
+    order = resolve_indices(spec.writer, len(source), spec.name)
+    if _digest(order) != manifest["order_sha256"]:
+        raise SourceError(spec.name, f"the sample order differs from the one recorded in {manifest_path}")
+    if smoke:
+        return order[smoke_positions(len(order), spec.smoke_samples, spec.writer.seed)]
+    return order
+
+
+def build(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: str,
+          threads: int | None = None, smoke: bool = False, log=sys.stderr) -> dict[str, Any]:
+    """Writes the smoke or full .beton and a record of the write (its rows and the ffcv build)."""
+    source = open_source(spec)
+    rows = rows_to_write(spec, source, manifest_path, smoke)
+    # The smoke file is written by one worker: byte-identical across runs, and fastest to fail.
+    workers = 1 if smoke else resolve_workers(spec.writer.num_workers, threads)
+    label = f"{spec.name} ({'smoke' if smoke else 'full'})"
+    record = write_beton(spec, source, rows, beton_path, workers, label=label, log=log)
+    record.update(
+        dataset=spec.name,
+        stage="smoke" if smoke else "full",
+        rows_sha256=_digest(rows),
+        provenance=ffcv_build(),
+    )
+    write_json(record_path, record)
+    return record
+
+
+def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: str, report_path: str,
+           failed_report_path: str, smoke: bool = False) -> dict[str, Any]:
+    """Writes the verification report at ``report_path`` if every check passes.
+
+    Otherwise the report is kept at ``failed_report_path`` (Snakemake deletes a failed job's outputs)
+    and a VerificationError names the worst finding.
+    """
+    source = open_source(spec)
+    rows = rows_to_write(spec, source, manifest_path, smoke)
+    with open(record_path) as fh:
+        record = json.load(fh)
+    if record.get("rows_sha256") != _digest(rows):
+        raise VerificationError(f"{record_path} was written for other rows than the manifest now gives")
+    report = verify_beton(spec, source, rows, beton_path, record.get("provenance"))
+    report["stage"] = "smoke" if smoke else "full"
+    report["write"] = {k: record.get(k) for k in ("num_workers", "page_size", "chunksize", "seconds")}
+    if not report["ok"]:
+        write_json(failed_report_path, report)
+        raise VerificationError(
+            f"dataset '{spec.name}': verification of {beton_path} failed: {report['worst']} "
+            f"(full report kept at {failed_report_path})"
+        )
+    write_json(report_path, report)
+    return report

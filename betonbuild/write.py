@@ -1,0 +1,326 @@
+"""Runs ffcv's DatasetWriter so that it can neither hang nor leave a partial file.
+
+Plain ffcv spins forever when a worker raises: its parent only polls a done-counter. Here each
+worker reports its exception on a queue and exits; the parent watches that queue and the workers'
+exit codes, and on any failure (or SIGTERM/SIGINT) terminates the workers, releases the shared
+memory and removes the temp file. The file reaches its target path only after a complete write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import queue
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing import Process, Queue, Value
+from typing import Any
+
+import numpy as np
+
+from .atomic import atomic_path
+from .errors import SampleError, WriteError
+from .fields import build_fields
+from .progress import Progress
+from .samples import check_sample
+from .spec import DatasetSpec
+
+ERROR_GRACE_SECONDS = 1.0  # after a first failure, wait this long for failures at smaller indices
+TERMINATE_GRACE_SECONDS = 3.0
+
+
+class WriteInterrupted(WriteError):
+    pass
+
+
+@dataclass
+class WorkerFailure:
+    """What a worker sends home when it fails: picklable, with the source index it was on."""
+
+    index: int | None
+    error: BaseException
+    traceback: str
+
+
+class CheckedDataset:
+    """The source seen through the sample contract: every sample is checked before ffcv encodes it.
+
+    Also remembers the index being written, so a failure inside ffcv's own encode can be named.
+    """
+
+    def __init__(self, spec: DatasetSpec, source):
+        self.spec = spec
+        self.source = source
+        self.current_index: int | None = None
+        self._seed_global_rng = any(f.options.get("write_mode") == "proportion" for f in spec.fields)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index) -> tuple:
+        index = int(index)  # ffcv passes np.int64, which user code (e.g. JSON values) may not expect
+        self.current_index = index
+        try:
+            sample = self.source[index]
+        except SampleError:
+            raise
+        except Exception as exc:
+            raise SampleError(
+                self.spec.name, None, index, f"the source's __getitem__ raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if self._seed_global_rng:
+            # RGBImageField's `proportion` mode draws from numpy's global RNG: seed it per sample
+            # so the choice of JPEG vs raw is reproducible.
+            np.random.seed((self.spec.writer.seed * 1_000_003 + index) % 2**32)
+        return check_sample(self.spec, sample, index)
+
+
+def page_fit_error(spec: DatasetSpec, fields: dict, values: tuple, index: int) -> SampleError:
+    """Explains a sample that does not fit one page: its size and the smallest page_size that fits."""
+    sizes = measure_allocations(fields, values)
+    total = sum(sizes.values())
+    biggest = max(sizes, key=sizes.get) if sizes else None
+    fits = max(1 << 21, 1 << (max(total, 1) - 1).bit_length())
+    detail = ", ".join(f"{name} {size}" for name, size in sizes.items())
+    return SampleError(
+        spec.name, biggest, index,
+        f"sample needs {total} bytes ({detail}) but one page holds {spec.writer.page_size}; "
+        "ffcv keeps each sample's data on a single page",
+        f"set writer.page_size to at least {_human(fits)} ({fits})",
+    )
+
+
+def measure_allocations(fields: dict, values: tuple) -> dict[str, int]:
+    """Bytes each field allocates for one sample, found by running its encode into scratch memory."""
+    sizes: dict[str, int] = {}
+    for (name, field), value in zip(fields.items(), values):
+        size = 0
+
+        def malloc(n, _record=[0]):  # noqa: B006 - scratch recorder for this field
+            nonlocal size
+            size += n
+            return 0, np.empty(n, dtype=np.uint8)
+
+        destination = np.zeros(1, dtype=field.metadata_type)
+        field.encode(destination, value, malloc)
+        sizes[name] = size
+    return sizes
+
+
+def _human(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return f"{nbytes}B"
+
+
+def _worker_main(work_fn, dataset: CheckedDataset, error_queue: Queue, *args) -> None:
+    """Runs ffcv's worker job; any exception goes to the parent instead of killing us silently."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
+    try:
+        work_fn(*args, dataset)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
+        error = _explain(dataset, args, exc)
+        error_queue.put(WorkerFailure(error.index if isinstance(error, SampleError) else dataset.current_index,
+                                      _picklable(error), traceback.format_exc()))
+        error_queue.close()
+        error_queue.join_thread()
+        os._exit(1)
+
+
+def _explain(dataset: CheckedDataset, args: tuple, exc: BaseException) -> BaseException:
+    """Turns an exception raised inside ffcv's encode into one naming the dataset, field and index."""
+    if isinstance(exc, SampleError) or dataset.current_index is None:
+        return exc
+    index = dataset.current_index
+    fields = args[3]
+    values = dataset[index]
+    too_big = isinstance(exc, MemoryError) or (isinstance(exc, ValueError) and "Tried allocating" in str(exc))
+    if too_big:
+        return page_fit_error(dataset.spec, fields, values, index)
+    if isinstance(exc, OSError) and exc.errno == 28:
+        return WriteError(f"the disk is full while writing sample {index} of dataset '{dataset.spec.name}': {exc}")
+    return SampleError(dataset.spec.name, None, index, f"ffcv's encode raised {type(exc).__name__}: {exc}")
+
+
+def _picklable(error: BaseException) -> BaseException:
+    try:
+        import pickle
+
+        pickle.dumps(error)
+        return error
+    except Exception:
+        return WriteError(f"{type(error).__name__}: {error}")
+
+
+def _safe_writer_class():
+    from ffcv.writer import DatasetWriter, worker_job_indexed_dataset
+
+    class SafeDatasetWriter(DatasetWriter):
+        """DatasetWriter whose parent loop watches for worker failures instead of spinning forever."""
+
+        def __init__(self, *args, progress: Progress, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.progress = progress
+            self.metadata_sm = None
+            self.error_queue: Queue = Queue()
+
+        def _write_common(self, num_samples, queue_content, work_fn, extra_worker_args):
+            (dataset,) = extra_worker_args
+            self.num_samples = num_samples
+            self.prepare()
+            workqueue: Queue = Queue()
+            for todo in queue_content:
+                workqueue.put(todo)
+            for _ in range(self.num_workers):
+                workqueue.put(None)
+            allocations_queue: Queue = Queue()
+            done_number = Value(ctypes.c_uint64, 0)
+            from ffcv.memory_allocator import MemoryAllocator
+
+            allocator = MemoryAllocator(self.fname, self.data_region_start, self.page_size)
+            worker_args = (worker_job_indexed_dataset, dataset, self.error_queue, workqueue, self.metadata_sm,
+                           self.metadata_type, self.fields, allocator, done_number, allocations_queue)
+            self.processes = [Process(target=_worker_main, args=worker_args, daemon=True)
+                              for _ in range(self.num_workers)]
+            for p in self.processes:
+                p.start()
+            self._wait_for_workers(done_number)
+            allocations = []
+            for _ in self.processes:
+                allocations.extend(self._get_allocations(allocations_queue))
+            self.finalize(allocations)
+
+        def _wait_for_workers(self, done_number) -> None:
+            while True:
+                self._raise_worker_failure()
+                done = done_number.value
+                self.progress.update(done)
+                if done == self.num_samples:
+                    break
+                if all(p.exitcode is not None for p in self.processes):
+                    self._raise_worker_failure(wait=ERROR_GRACE_SECONDS)
+                    raise WriteError(f"all writer workers exited after {done} of {self.num_samples} samples")
+                time.sleep(0.05)
+            self.progress.close()
+
+        def _get_allocations(self, allocations_queue) -> list:
+            while True:
+                try:
+                    return allocations_queue.get(timeout=0.2)
+                except queue.Empty:
+                    self._raise_worker_failure()
+
+        def _raise_worker_failure(self, wait: float = 0.0) -> None:
+            failures = self._drain_errors(wait)
+            dead = [p for p in self.processes if p.exitcode not in (None, 0)]
+            if dead and not failures:
+                failures = self._drain_errors(ERROR_GRACE_SECONDS)
+            if failures:
+                # Other workers may be failing at smaller indices: give them a moment, keep the smallest.
+                failures += self._drain_errors(ERROR_GRACE_SECONDS)
+                first = min(failures, key=lambda f: f.index if f.index is not None else sys.maxsize)
+                first.error.worker_traceback = first.traceback
+                raise first.error
+            if dead:
+                codes = ", ".join(_describe_exit(p.exitcode) for p in dead)
+                raise WriteError(
+                    f"a writer worker died without reporting an error ({codes}); "
+                    "a kill by signal 9 is often the kernel's out-of-memory killer"
+                )
+
+        def _drain_errors(self, wait: float) -> list[WorkerFailure]:
+            failures, deadline = [], time.monotonic() + wait
+            while True:
+                try:
+                    failures.append(self.error_queue.get(timeout=max(0.0, deadline - time.monotonic()) or 0.001))
+                except queue.Empty:
+                    return failures
+
+        def shutdown(self) -> None:
+            """Ends every worker and releases the shared memory, whatever state the write is in."""
+            for p in getattr(self, "processes", []):
+                if p.exitcode is None:
+                    p.terminate()
+            deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
+            for p in getattr(self, "processes", []):
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
+                if p.exitcode is None:
+                    p.kill()
+                    p.join()
+            if self.metadata_sm is not None:
+                with contextlib.suppress(Exception):
+                    self.metadata_sm.close()
+                with contextlib.suppress(FileNotFoundError):
+                    self.metadata_sm.unlink()
+                self.metadata_sm = None
+
+    return SafeDatasetWriter
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        return f"killed by signal {-code} ({signal.Signals(-code).name})"
+    return f"exit code {code}"
+
+
+@contextlib.contextmanager
+def _signals_raise():
+    """SIGTERM/SIGINT during a write become an exception, so cleanup runs (Snakemake sends SIGTERM)."""
+
+    def handler(signum, _frame):
+        raise WriteInterrupted(f"write interrupted by {signal.Signals(signum).name}")
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def resolve_workers(num_workers: int, threads: int | None = None) -> int:
+    """-1 means the CPUs this process may use; inside Snakemake, the job's threads."""
+    if num_workers > 0:
+        return num_workers
+    if threads:
+        return threads
+    return len(os.sched_getaffinity(0))
+
+
+def write_beton(
+    spec: DatasetSpec,
+    source,
+    order: np.ndarray,
+    target: str | os.PathLike,
+    num_workers: int,
+    label: str | None = None,
+    log=None,
+) -> dict[str, Any]:
+    """Writes ``source[order[i]]`` as sample i of ``target``; returns a record of the write."""
+    log = log or sys.stderr
+    dataset = CheckedDataset(spec, source)
+    fields = build_fields(spec)
+    num_workers = max(1, min(num_workers, len(order)))
+    progress = Progress(label or spec.name, len(order), stream=log)
+    writer_class = _safe_writer_class()
+    started = time.monotonic()
+    with atomic_path(target) as tmp, _signals_raise():
+        writer = writer_class(str(tmp), fields, page_size=spec.writer.page_size, num_workers=num_workers,
+                              progress=progress)
+        try:
+            writer.from_indexed_dataset(dataset, indices=order, chunksize=spec.writer.chunksize)
+        finally:
+            writer.shutdown()
+    return {
+        "num_samples": int(len(order)),
+        "num_workers": num_workers,
+        "page_size": spec.writer.page_size,
+        "chunksize": spec.writer.chunksize,
+        "seconds": round(time.monotonic() - started, 3),
+    }

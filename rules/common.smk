@@ -1,0 +1,60 @@
+import re
+
+from snakemake.utils import validate
+
+from betonbuild.sources import input_files
+from betonbuild.spec import SCHEMA_PATH, check_no_duplicate_keys, load_config
+
+# Our own checks first: they name the dataset and key (e.g. a field name longer than 16 bytes).
+for _configfile in workflow.configfiles:
+    check_no_duplicate_keys(_configfile)
+CONFIG = load_config(config)
+validate(config, schema=str(SCHEMA_PATH))  # fills the schema's defaults into `config`
+RESULTS = CONFIG.results
+DATASETS = CONFIG.datasets
+
+
+wildcard_constraints:
+    ds="|".join(re.escape(name) for name in DATASETS) or "[A-Za-z0-9_-]+",
+
+
+def result(name):
+    """Path of a per-dataset output: results/{ds}/<name>."""
+    return f"{RESULTS}/{{ds}}/{name}"
+
+
+def log_path(stage):
+    return f"logs/{stage}/{{ds}}.log"
+
+
+def benchmark_path(stage):
+    return f"benchmarks/{stage}/{{ds}}.tsv"
+
+
+def all_outputs():
+    outputs = []
+    for name in DATASETS:
+        outputs.append(f"{RESULTS}/{name}/{name}.beton")
+        outputs.append(f"{RESULTS}/{name}/{name}.verify.json")
+    return outputs
+
+
+def source_inputs(wildcards):
+    """The files a dataset is read from, and the user's adapter module: editing them rebuilds it."""
+    return input_files(DATASETS[wildcards.ds])
+
+
+def _spec_parts(wildcards, *parts):
+    full = DATASETS[wildcards.ds].to_dict()
+    keep = ("name", "source", "fields", "sample_keys", "writer") + parts
+    return {key: full[key] for key in keep}
+
+
+def write_spec(wildcards):
+    """What determines the written bytes; a change reruns the writes of this dataset only."""
+    return _spec_parts(wildcards, "smoke", "verify")
+
+
+def write_threads(wildcards):
+    workers = DATASETS[wildcards.ds].writer.num_workers
+    return workflow.cores if workers < 1 else min(workers, workflow.cores)

@@ -1,0 +1,16 @@
+rule demo_data:
+    """Real data that ships in scikit-learn and scikit-image, materialised under data/demo/."""
+    output:
+        digits="data/demo/digits.npz",
+        faces_images="data/demo/faces/images.npy",
+        faces_labels="data/demo/faces/labels.npy",
+        photos=directory("data/demo/photos"),
+    log:
+        "logs/demo_data.log",
+    benchmark:
+        "benchmarks/demo_data.tsv"
+    conda:
+        "../envs/ffcv.yaml"
+    threads: 1
+    script:
+        "../scripts/demo_data.py"

@@ -1,0 +1,42 @@
+rule smoke:
+    """The first k and k seeded-random samples, one worker: catches bad samples in seconds."""
+    input:
+        source_inputs,
+        manifest=result("source.json"),
+    output:
+        beton=result("smoke.beton"),
+        record=result("smoke.write.json"),
+    log:
+        log_path("smoke"),
+    benchmark:
+        benchmark_path("smoke")
+    conda:
+        "../envs/ffcv.yaml"
+    threads: 1
+    params:
+        spec=write_spec,
+    script:
+        "../scripts/write.py"
+
+
+rule verify_smoke:
+    """The gate: the full build starts only when the smoke file reads back equal to its source."""
+    input:
+        source_inputs,
+        manifest=result("source.json"),
+        beton=result("smoke.beton"),
+        record=result("smoke.write.json"),
+    output:
+        report=result("smoke.verify.json"),
+    log:
+        log_path("verify_smoke"),
+    benchmark:
+        benchmark_path("verify_smoke")
+    conda:
+        "../envs/ffcv.yaml"
+    threads: 1
+    params:
+        spec=write_spec,
+        failed_report=result("failed/smoke.verify.json"),
+    script:
+        "../scripts/verify.py"

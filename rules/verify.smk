@@ -1,0 +1,21 @@
+rule verify:
+    """Reads the full .beton back and proves it equals its source (report: {ds}.verify.json)."""
+    input:
+        source_inputs,
+        manifest=result("source.json"),
+        beton=result("{ds}.beton"),
+        record=result("{ds}.write.json"),
+    output:
+        report=result("{ds}.verify.json"),
+    log:
+        log_path("verify"),
+    benchmark:
+        benchmark_path("verify")
+    conda:
+        "../envs/ffcv.yaml"
+    threads: 1
+    params:
+        spec=write_spec,
+        failed_report=result("failed/{ds}.verify.json"),
+    script:
+        "../scripts/verify.py"

@@ -1,0 +1,20 @@
+rule write:
+    """The full .beton, written by the job's threads as ffcv workers."""
+    input:
+        source_inputs,
+        manifest=result("source.json"),
+        smoke_report=result("smoke.verify.json"),
+    output:
+        beton=result("{ds}.beton"),
+        record=result("{ds}.write.json"),
+    log:
+        log_path("write"),
+    benchmark:
+        benchmark_path("write")
+    conda:
+        "../envs/ffcv.yaml"
+    threads: write_threads
+    params:
+        spec=write_spec,
+    script:
+        "../scripts/write.py"
