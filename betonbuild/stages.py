@@ -9,12 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .atomic import write_json
-from .errors import SourceError, VerificationError
+from .errors import SampleError, SourceError, VerificationError
+from .failure import clear_failure, save_failure
+from .preflight import inspect_samples, largest_rows
 from .provenance import ffcv_build
 from .sources import fingerprint_files, open_source
 from .spec import DatasetSpec, resolve_indices, smoke_positions
@@ -62,20 +65,30 @@ def rows_to_write(spec: DatasetSpec, source, manifest_path: str, smoke: bool) ->
 
 
 def build(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: str,
-          threads: int | None = None, smoke: bool = False, log=sys.stderr) -> dict[str, Any]:
-    """Writes the smoke or full .beton and a record of the write (its rows and the ffcv build)."""
+          threads: int | None = None, smoke: bool = False, inspect_path: str | None = None,
+          log=sys.stderr) -> dict[str, Any]:
+    """Writes the smoke or full .beton and a record of the write (its rows and the ffcv build).
+
+    The smoke stage first inspects its samples and the largest ones (``inspect_path``). A bad
+    sample is saved under ``results/{ds}/failure/`` for ``betonbuild repro``.
+    """
     source = open_source(spec)
     rows = rows_to_write(spec, source, manifest_path, smoke)
-    # The smoke file is written by one worker: byte-identical across runs, and fastest to fail.
-    workers = 1 if smoke else resolve_workers(spec.writer.num_workers, threads)
-    label = f"{spec.name} ({'smoke' if smoke else 'full'})"
-    record = write_beton(spec, source, rows, beton_path, workers, label=label, log=log)
-    record.update(
-        dataset=spec.name,
-        stage="smoke" if smoke else "full",
-        rows_sha256=_digest(rows),
-        provenance=ffcv_build(),
-    )
+    failure_dir = Path(beton_path).parent / "failure"
+    stage = "smoke" if smoke else "full"
+    try:
+        if inspect_path:
+            order = rows_to_write(spec, source, manifest_path, smoke=False)
+            write_json(inspect_path, inspect_samples(spec, source, np.concatenate([rows, largest_rows(source, order)])))
+        # The smoke file is written by one worker: byte-identical across runs, and fastest to fail.
+        workers = 1 if smoke else resolve_workers(spec.writer.num_workers, threads)
+        record = write_beton(spec, source, rows, beton_path, workers, label=f"{spec.name} ({stage})", log=log)
+    except SampleError as exc:
+        saved = save_failure(failure_dir, spec, source, exc, stage)
+        exc.args = (f"{exc}\nThe failing sample is saved in {saved}; replay it with: betonbuild repro {saved}",)
+        raise
+    clear_failure(failure_dir)
+    record.update(dataset=spec.name, stage=stage, rows_sha256=_digest(rows), provenance=ffcv_build())
     write_json(record_path, record)
     return record
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import queue
 import signal
@@ -98,16 +99,14 @@ def measure_allocations(fields: dict, values: tuple) -> dict[str, int]:
     """Bytes each field allocates for one sample, found by running its encode into scratch memory."""
     sizes: dict[str, int] = {}
     for (name, field), value in zip(fields.items(), values):
-        size = 0
+        requested: list[int] = []
 
-        def malloc(n, _record=[0]):  # noqa: B006 - scratch recorder for this field
-            nonlocal size
-            size += n
+        def malloc(n: int):
+            requested.append(n)
             return 0, np.empty(n, dtype=np.uint8)
 
-        destination = np.zeros(1, dtype=field.metadata_type)
-        field.encode(destination, value, malloc)
-        sizes[name] = size
+        field.encode(np.zeros(1, dtype=field.metadata_type), value, malloc)
+        sizes[name] = sum(requested)
     return sizes
 
 
@@ -118,34 +117,60 @@ def _human(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
-def _worker_main(work_fn, dataset: CheckedDataset, error_queue: Queue, *args) -> None:
-    """Runs ffcv's worker job; any exception goes to the parent instead of killing us silently."""
+def _worker_job(dataset: CheckedDataset, error_queue: Queue, input_queue, metadata_sm, metadata_type, fields,
+                allocator, done_number, allocations_queue) -> None:
+    """ffcv's worker_job_indexed_dataset, except that a failure is reported at once and the worker exits.
+
+    ffcv runs its loop inside ``with allocator:``, whose exit flushes the page, and flushing waits for
+    the other workers' earlier pages: a failing worker could wait there a long time before anyone
+    learned of its error. A failed write is discarded anyway, so nothing is flushed after a failure.
+    """
+    from ffcv.writer import handle_sample
+
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit then raises EFBIG, which we report
     try:
-        work_fn(*args, dataset)
+        metadata = np.frombuffer(metadata_sm.buf, dtype=metadata_type)
+        field_names = metadata_type.names
+        allocator.__enter__()
+        while (chunk := input_queue.get()) is not None:
+            for dest_ix, source_ix in chunk:
+                sample = dataset[source_ix]
+                handle_sample(sample, dest_ix, field_names, metadata, allocator, fields)
+            with done_number.get_lock():
+                done_number.value += len(chunk)
+        allocator.__exit__(None, None, None)
+        allocations_queue.put(allocator.allocations)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
-        error = _explain(dataset, args, exc)
-        error_queue.put(WorkerFailure(error.index if isinstance(error, SampleError) else dataset.current_index,
-                                      _picklable(error), traceback.format_exc()))
+        error = _explain(dataset, fields, exc)
+        index = error.index if isinstance(error, SampleError) else dataset.current_index
+        error_queue.put(WorkerFailure(index, _picklable(error), traceback.format_exc()))
         error_queue.close()
         error_queue.join_thread()
         os._exit(1)
 
 
-def _explain(dataset: CheckedDataset, args: tuple, exc: BaseException) -> BaseException:
+def _explain(dataset: CheckedDataset, fields: dict, exc: BaseException) -> BaseException:
     """Turns an exception raised inside ffcv's encode into one naming the dataset, field and index."""
-    if isinstance(exc, SampleError) or dataset.current_index is None:
+    if isinstance(exc, (SampleError, WriteError)):
         return exc
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return disk_full_error(dataset.spec.name, exc)
     index = dataset.current_index
-    fields = args[3]
-    values = dataset[index]
+    if index is None:
+        return exc
     too_big = isinstance(exc, MemoryError) or (isinstance(exc, ValueError) and "Tried allocating" in str(exc))
     if too_big:
-        return page_fit_error(dataset.spec, fields, values, index)
-    if isinstance(exc, OSError) and exc.errno == 28:
-        return WriteError(f"the disk is full while writing sample {index} of dataset '{dataset.spec.name}': {exc}")
+        return page_fit_error(dataset.spec, fields, dataset[index], index)
     return SampleError(dataset.spec.name, None, index, f"ffcv's encode raised {type(exc).__name__}: {exc}")
+
+
+def disk_full_error(dataset: str, exc: OSError) -> WriteError:
+    return WriteError(
+        f"dataset '{dataset}': the disk is full (or a file-size limit was reached) while writing: "
+        f"{exc.strerror or exc}; free space or point `results` at a larger disk, then run again"
+    )
 
 
 def _picklable(error: BaseException) -> BaseException:
@@ -159,7 +184,8 @@ def _picklable(error: BaseException) -> BaseException:
 
 
 def _safe_writer_class():
-    from ffcv.writer import DatasetWriter, worker_job_indexed_dataset
+    from ffcv.memory_allocator import MemoryAllocator
+    from ffcv.writer import DatasetWriter
 
     class SafeDatasetWriter(DatasetWriter):
         """DatasetWriter whose parent loop watches for worker failures instead of spinning forever."""
@@ -181,12 +207,10 @@ def _safe_writer_class():
                 workqueue.put(None)
             allocations_queue: Queue = Queue()
             done_number = Value(ctypes.c_uint64, 0)
-            from ffcv.memory_allocator import MemoryAllocator
-
             allocator = MemoryAllocator(self.fname, self.data_region_start, self.page_size)
-            worker_args = (worker_job_indexed_dataset, dataset, self.error_queue, workqueue, self.metadata_sm,
+            worker_args = (dataset, self.error_queue, workqueue, self.metadata_sm,
                            self.metadata_type, self.fields, allocator, done_number, allocations_queue)
-            self.processes = [Process(target=_worker_main, args=worker_args, daemon=True)
+            self.processes = [Process(target=_worker_job, args=worker_args, daemon=True)
                               for _ in range(self.num_workers)]
             for p in self.processes:
                 p.start()
@@ -277,6 +301,7 @@ def _signals_raise():
         raise WriteInterrupted(f"write interrupted by {signal.Signals(signum).name}")
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGXFSZ] = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG is then reported
     try:
         yield
     finally:
@@ -315,6 +340,10 @@ def write_beton(
                               progress=progress)
         try:
             writer.from_indexed_dataset(dataset, indices=order, chunksize=spec.writer.chunksize)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                raise disk_full_error(spec.name, exc) from exc
+            raise
         finally:
             writer.shutdown()
     return {

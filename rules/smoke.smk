@@ -6,6 +6,7 @@ rule smoke:
     output:
         beton=result("smoke.beton"),
         record=result("smoke.write.json"),
+        inspect=result("inspect.json"),
     log:
         log_path("smoke"),
     benchmark:

@@ -14,5 +14,6 @@ run(
         snakemake.output.record,
         threads=snakemake.threads,
         smoke=snakemake.rule == "smoke",
+        inspect_path=snakemake.output.get("inspect"),
     ),
 )

@@ -1,0 +1,116 @@
+"""``betonbuild inspect|repro|write|verify``: for people troubleshooting by hand."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+from .errors import BetonbuildError
+
+
+def _inspect(args) -> int:
+    from .beton import BetonFile
+
+    beton = BetonFile(args.file)
+    info = {
+        "file": args.file,
+        "bytes": beton.size,
+        "version": beton.version,
+        "page_size": beton.page_size,
+        "num_samples": beton.num_samples,
+        "allocations": int(beton.alloc_table.size),
+        "fields": [
+            {"name": f.name, "type": f.type_name, "type_id": f.type_id,
+             **({"dtype": f.dtype.str, "shape": list(f.shape)} if f.dtype is not None else {})}
+            for f in beton.fields
+        ],
+    }
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def _repro(args) -> int:
+    from .failure import replay
+
+    try:
+        values, sizes = replay(args.directory)
+    except BetonbuildError as exc:
+        traceback.print_exc()
+        print(f"\nreproduced: {exc}", file=sys.stderr)
+        return 1
+    print(f"the saved sample now passes every check; allocations (bytes per field): {sizes}")
+    return 0
+
+
+def _dataset(config_path: str, name: str):
+    from .spec import load_config_file
+
+    datasets = load_config_file(config_path).datasets
+    if name not in datasets:
+        raise BetonbuildError(f"{config_path} has no dataset {name!r} (it has {sorted(datasets)})")
+    return datasets[name]
+
+
+def _write(args) -> int:
+    from .stages import build, make_source_manifest
+
+    spec = _dataset(args.config, args.dataset)
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = os.path.join(tmp, "source.json")
+        make_source_manifest(spec, manifest)
+        record = build(spec, manifest, args.output, args.output + ".write.json", threads=args.workers,
+                       smoke=args.smoke)
+    print(json.dumps(record, indent=2))
+    return 0
+
+
+def _verify(args) -> int:
+    from .stages import make_source_manifest, verify
+
+    spec = _dataset(args.config, args.dataset)
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = os.path.join(tmp, "source.json")
+        make_source_manifest(spec, manifest)
+        report_path = os.path.join(tmp, "report.json")
+        verify(spec, manifest, args.file, args.file + ".write.json", report_path, args.file + ".failed.verify.json",
+               smoke=args.smoke)
+        with open(report_path) as fh:
+            print(fh.read())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="betonbuild", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("inspect", help="print a .beton's header, fields and counts (no ffcv needed)")
+    p.add_argument("file")
+    p.set_defaults(func=_inspect)
+    p = sub.add_parser("repro", help="replay a saved failing sample (results/{ds}/failure) in one process")
+    p.add_argument("directory")
+    p.set_defaults(func=_repro)
+    for name, func, help_text in (("write", _write, "write one dataset of a config to a .beton"),
+                                  ("verify", _verify, "verify a .beton written by `betonbuild write`")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--config", required=True)
+        p.add_argument("--dataset", required=True)
+        p.add_argument("--smoke", action="store_true", help="only the smoke samples")
+        if name == "write":
+            p.add_argument("--output", required=True)
+            p.add_argument("--workers", type=int, default=None, help="overrides writer.num_workers = -1")
+        else:
+            p.add_argument("file")
+        p.set_defaults(func=func)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except BetonbuildError as exc:
+        print(f"betonbuild error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Failures kept for replay: the failing sample, the exact field mapping and the traceback.
+
+``save_failure`` writes ``results/{ds}/failure/``; ``replay`` (``betonbuild repro DIR``) runs that
+one sample, in one process, through the same checks and the ffcv encode, so it can be debugged
+with ``python -m pdb -m betonbuild repro DIR``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .atomic import write_json
+from .errors import SampleError
+from .fields import build_fields
+from .spec import DatasetSpec
+
+FAILURE_FILE = "failure.json"
+SAMPLE_FILE = "sample.pkl"
+
+
+def save_failure(directory: str | os.PathLike, spec: DatasetSpec, source, error: SampleError, stage: str) -> Path:
+    """Writes the failure record (and the raw sample when it can be read and pickled) into ``directory``."""
+    directory = Path(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    record: dict[str, Any] = {
+        "dataset": spec.name,
+        "stage": stage,
+        "field": error.field,
+        "index": error.index,
+        "message": str(error),
+        "fix": error.fix,
+        "traceback": getattr(error, "worker_traceback", None) or "".join(traceback.format_exception(error)),
+        "working_directory": os.getcwd(),
+        "spec": spec.to_dict(),
+        "sample_file": None,
+    }
+    if error.index is not None:
+        try:
+            sample = source[error.index]
+            with open(directory / SAMPLE_FILE, "wb") as fh:
+                pickle.dump(sample, fh)
+            record["sample_file"] = SAMPLE_FILE
+        except Exception as exc:  # noqa: BLE001 - the record is still useful without the sample
+            (directory / SAMPLE_FILE).unlink(missing_ok=True)
+            record["sample_unavailable"] = f"{type(exc).__name__}: {exc}"
+    write_json(directory / FAILURE_FILE, record)
+    return directory
+
+
+def clear_failure(directory: str | os.PathLike) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def replay(directory: str | os.PathLike) -> tuple[tuple, dict[str, int]]:
+    """Re-runs the saved sample through the sample contract and ffcv's encode; raises what it raises.
+
+    Returns the checked values and their allocation sizes when the sample now passes.
+    """
+    import json
+
+    from .write import CheckedDataset, measure_allocations, page_fit_error
+
+    directory = Path(directory)
+    with open(directory / FAILURE_FILE) as fh:
+        record = json.load(fh)
+    spec = DatasetSpec.from_dict(record["spec"])
+    index = record["index"]
+    if record.get("sample_file"):
+        with open(directory / record["sample_file"], "rb") as fh:
+            sample = pickle.load(fh)
+        source = {index: sample}
+    else:
+        from .sources import open_source
+
+        os.chdir(record["working_directory"])
+        source = open_source(spec)
+    values = CheckedDataset(spec, source)[index]
+    fields = build_fields(spec)
+    sizes = measure_allocations(fields, values)
+    if sum(sizes.values()) > spec.writer.page_size:
+        raise page_fit_error(spec, fields, values, index)
+    return values, sizes
