@@ -35,28 +35,34 @@ def write_config(workdir: Path, datasets: dict) -> Path:
     return path
 
 
-@pytest.fixture
-def digits_npz(tmp_path: Path) -> Path:
-    """The first 300 real sklearn digits, as the demo stores them."""
+def make_digits_npz(path: Path, n: int = 300) -> Path:
+    """The first ``n`` real sklearn digits, stored as the demo stores them."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    path = tmp_path / "digits.npz"
-    np.savez(path, images=digits.images[:300].astype(np.uint8), target=digits.target[:300].astype(np.int64))
+    np.savez(path, images=digits.images[:n].astype(np.uint8), target=digits.target[:n].astype(np.int64))
     return path
 
 
-@pytest.fixture
-def photo_folder(tmp_path: Path) -> Path:
-    """A small image folder of real photo crops (2 classes x 3 PNGs, 64x64)."""
+def make_photo_folder(root: Path, classes=("astronaut", "coffee"), per_class: int = 3, size: int = 64) -> Path:
+    """A small image folder of real photo crops (PNG, one sub-folder per photo)."""
     from PIL import Image
 
     from betonbuild.demo import colour_photos, crops
 
-    root = tmp_path / "photos"
     photos = colour_photos()
-    for name in ("astronaut", "coffee"):
+    for name in classes:
         (root / name).mkdir(parents=True)
-        for k, crop in enumerate(crops(photos[name], size=64, count=3)):
+        for k, crop in enumerate(crops(photos[name], size=size, count=per_class)):
             Image.fromarray(crop).save(root / name / f"{k}.png")
     return root
+
+
+@pytest.fixture
+def digits_npz(tmp_path: Path) -> Path:
+    return make_digits_npz(tmp_path / "digits.npz")
+
+
+@pytest.fixture
+def photo_folder(tmp_path: Path) -> Path:
+    return make_photo_folder(tmp_path / "photos")

@@ -1,0 +1,436 @@
+"""Unit tests of betonbuild.beton: .beton files written by plain ffcv are parsed exactly, corrupt ones refused."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from betonbuild.beton import (
+    ALLOC_TABLE_TYPE,
+    FIELD_DESC_TYPE,
+    HEADER_TYPE,
+    IMAGE_MODE_JPEG,
+    IMAGE_MODE_RAW,
+    BetonFile,
+    decode_image,
+    decode_json,
+)
+from betonbuild.demo import colour_photos
+from betonbuild.errors import BetonFormatError
+
+PAGE_SIZE = 1 << 21
+NUM_SAMPLES = 10
+FIELD_ORDER = ["label", "score", "emb", "tens", "blob", "meta", "raw_img", "jpg_img"]
+
+
+def make_samples() -> list[tuple]:
+    """Real photo crops of varying size, and values that exercise every field."""
+    import torch
+
+    photos = colour_photos()
+    names = sorted(photos)
+    samples = []
+    for i in range(NUM_SAMPLES):
+        photo = photos[names[i % len(names)]]
+        height, width = 24 + 4 * i, 40 - 2 * i
+        top, left = 30 + 7 * i, 50 + 3 * i
+        image = np.ascontiguousarray(photo[top : top + height, left : left + width, :3])
+        samples.append((
+            i * 1000 - 4000,  # negative and positive ints
+            i / 7 - 0.5,
+            (np.arange(12, dtype=np.float32).reshape(3, 4) * (i + 1) - 0.25),
+            torch.arange(5, dtype=torch.int16) * (i - 3),
+            np.frombuffer(bytes(range(i, i + 3 + 5 * i)), dtype=np.uint8),
+            {"index": i, "name": f"crop-{i}", "tags": ["a"] * (i % 3), "nested": {"x": i / 2, "ok": i % 2 == 0}},
+            image,
+            image,
+        ))
+    return samples
+
+
+class ListDataset:
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        return self.samples[int(index)]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> tuple[Path, list[tuple]]:
+    """One .beton written by plain ffcv (1 worker) with int, float, ndarray, torch, bytes, json, raw and jpg images."""
+    import torch
+    from ffcv.fields import BytesField, FloatField, IntField, JSONField, NDArrayField, RGBImageField, TorchTensorField
+    from ffcv.writer import DatasetWriter
+
+    samples = make_samples()
+    path = tmp_path_factory.mktemp("beton") / "all_fields.beton"
+    fields = {
+        "label": IntField(),
+        "score": FloatField(),
+        "emb": NDArrayField(dtype=np.dtype("float32"), shape=(3, 4)),
+        "tens": TorchTensorField(dtype=torch.int16, shape=(5,)),
+        "blob": BytesField(),
+        "meta": JSONField(),
+        "raw_img": RGBImageField(write_mode="raw"),
+        "jpg_img": RGBImageField(write_mode="jpg", jpeg_quality=90),
+    }
+    writer = DatasetWriter(str(path), fields, page_size=PAGE_SIZE, num_workers=1)
+    writer.from_indexed_dataset(ListDataset(samples), chunksize=3)
+    return path, samples
+
+
+@pytest.fixture(scope="module")
+def beton(written) -> BetonFile:
+    return BetonFile(written[0])
+
+
+# --- a file written by plain ffcv ----------------------------------------------------------------
+
+
+def test_header_is_parsed(beton: BetonFile, written):
+    assert beton.version == 2
+    assert beton.num_fields == len(FIELD_ORDER)
+    assert beton.page_size == PAGE_SIZE
+    assert beton.num_samples == NUM_SAMPLES
+    assert beton.size == written[0].stat().st_size
+    assert beton.data_start % PAGE_SIZE == 0 and beton.data_start >= beton.metadata_end
+    assert beton.data_start <= beton.alloc_table_ptr < beton.size
+    assert (beton.size - beton.alloc_table_ptr) % ALLOC_TABLE_TYPE.itemsize == 0
+
+
+def test_field_descriptors_are_parsed(beton: BetonFile):
+    assert [f.name for f in beton.fields] == FIELD_ORDER
+    assert [f.type_id for f in beton.fields] == [1, 0, 4, 6, 3, 5, 2, 2]
+    assert [f.type_name for f in beton.fields] == ["int", "float", "ndarray", "torch_tensor", "bytes", "json",
+                                                   "rgb_image", "rgb_image"]
+    emb, tens = beton.field("emb"), beton.field("tens")
+    assert (emb.dtype, emb.shape, emb.payload_bytes) == (np.dtype("float32"), (3, 4), 48)
+    assert (tens.dtype, tens.shape, tens.payload_bytes) == (np.dtype("int16"), (5,), 10)
+    assert beton.field("label").payload_bytes == 0
+
+
+def test_metadata_matches_ffcvs_own_reader(beton: BetonFile, written):
+    from ffcv.reader import Reader
+
+    reader = Reader(str(written[0]))
+    assert reader.num_samples == beton.num_samples
+    assert list(reader.field_names) == FIELD_ORDER
+    assert beton.metadata.dtype.itemsize == reader.metadata.dtype.itemsize
+    assert beton.metadata.tobytes() == reader.metadata.tobytes()
+    assert np.array_equal(np.asarray(beton.alloc_table).view(np.uint8), np.asarray(reader.alloc_table).view(np.uint8))
+
+
+def test_int_and_float_metadata_are_the_written_values(beton: BetonFile, written):
+    samples = written[1]
+    assert beton.metadata["label"].tolist() == [s[0] for s in samples]
+    assert beton.metadata["score"].tolist() == [s[1] for s in samples]  # exact: stored as <f8
+
+
+def test_ndarray_column_returns_exactly_what_was_written(beton: BetonFile, written):
+    samples = written[1]
+    column = beton.ndarray_column("emb")
+    assert column.shape == (NUM_SAMPLES, 3, 4) and column.dtype == np.float32
+    assert np.array_equal(column, np.stack([s[2] for s in samples]))
+    rows = np.array([7, 2])
+    assert np.array_equal(beton.ndarray_column("emb", rows), np.stack([samples[7][2], samples[2][2]]))
+
+
+def test_torch_tensor_column_returns_exactly_what_was_written(beton: BetonFile, written):
+    column = beton.ndarray_column("tens")
+    assert column.dtype == np.int16
+    assert np.array_equal(column, np.stack([s[3].numpy() for s in written[1]]))
+
+
+def test_bytes_payloads_are_exactly_what_was_written(beton: BetonFile, written):
+    for row, sample in enumerate(written[1]):
+        assert bytes(beton.variable_payload("blob", row)) == sample[4].tobytes()
+
+
+def test_json_payloads_decode_to_what_was_written(beton: BetonFile, written):
+    for row, sample in enumerate(written[1]):
+        payload = beton.variable_payload("meta", row)
+        assert bytes(payload).endswith(b"\0")
+        assert decode_json(payload) == sample[5]
+
+
+def test_raw_images_decode_exactly(beton: BetonFile, written):
+    for row, sample in enumerate(written[1]):
+        record = beton.metadata["raw_img"][row]
+        image = sample[6]
+        assert record["mode"] == IMAGE_MODE_RAW
+        assert (int(record["height"]), int(record["width"])) == image.shape[:2]
+        decoded = decode_image(beton, "raw_img", row)
+        assert decoded.dtype == np.uint8
+        assert np.array_equal(decoded, image)
+
+
+def test_jpeg_images_are_ffcvs_encoding_and_decode_in_rgb_order(beton: BetonFile, written):
+    for row, sample in enumerate(written[1]):
+        image = sample[7]
+        record = beton.metadata["jpg_img"][row]
+        assert record["mode"] == IMAGE_MODE_JPEG
+        assert (int(record["height"]), int(record["width"])) == image.shape[:2]
+        # The payload length comes from the allocation table; it must be the exact JPEG ffcv encoded.
+        ok, expected = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 90])
+        assert ok
+        assert bytes(beton.variable_payload("jpg_img", row)) == expected.tobytes()
+        decoded = decode_image(beton, "jpg_img", row)
+        assert decoded.shape == image.shape
+        assert np.array_equal(decoded, cv2.cvtColor(cv2.imdecode(expected, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB))
+        error = np.abs(decoded.astype(np.int16) - image).mean()
+        swapped = np.abs(decoded[..., ::-1].astype(np.int16) - image).mean()
+        assert error < 8 and error < swapped
+
+
+def test_every_allocation_is_inside_the_data_region(beton: BetonFile):
+    table = beton.alloc_table
+    # One allocation per sample for each of emb, tens, blob, meta, raw_img and jpg_img.
+    assert len(table) == 6 * NUM_SAMPLES
+    assert sorted(np.bincount(table["sample_id"].astype(np.int64)).tolist()) == [6] * NUM_SAMPLES
+    assert table["ptr"].min() >= beton.data_start
+    assert (table["ptr"] + table["size"]).max() <= beton.alloc_table_ptr
+
+
+def test_fixed_size_field_has_no_variable_payload(beton: BetonFile):
+    with pytest.raises(ValueError, match="fixed-size"):
+        beton.variable_payload("emb", 0)
+
+
+# --- corrupt files -------------------------------------------------------------------------------
+
+
+def corrupt_copy(written, tmp_path: Path, edit) -> Path:
+    """A copy of the good file with ``edit(bytearray)`` applied."""
+    data = bytearray(written[0].read_bytes())
+    edit(data)
+    path = tmp_path / "corrupt.beton"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def set_header(data: bytearray, **values) -> None:
+    header = np.frombuffer(data, dtype=HEADER_TYPE, count=1).copy()
+    for key, value in values.items():
+        header[key] = value
+    data[: HEADER_TYPE.itemsize] = header.tobytes()
+
+
+def descriptor_offset(index: int) -> int:
+    return HEADER_TYPE.itemsize + FIELD_DESC_TYPE.itemsize * index
+
+
+def refused(path: Path, match: str) -> BetonFormatError:
+    with pytest.raises(BetonFormatError, match=match) as info:
+        BetonFile(path)
+    assert str(path) in str(info.value)
+    return info.value
+
+
+def test_truncated_to_10_bytes_is_refused(written, tmp_path: Path):
+    path = tmp_path / "short.beton"
+    path.write_bytes(written[0].read_bytes()[:10])
+    refused(path, "10 bytes is too small for a .beton header")
+
+
+def test_empty_file_is_refused(tmp_path: Path):
+    path = tmp_path / "empty.beton"
+    path.write_bytes(b"")
+    refused(path, "0 bytes is too small")
+
+
+def test_alloc_table_ptr_zero_is_refused_as_an_unfinished_write(written, tmp_path: Path):
+    path = corrupt_copy(written, tmp_path, lambda d: set_header(d, alloc_table_ptr=0))
+    refused(path, "allocation table pointer is 0: the writer never finished this file")
+
+
+def test_alloc_table_ptr_beyond_eof_is_refused(written, tmp_path: Path):
+    size = written[0].stat().st_size
+    path = corrupt_copy(written, tmp_path, lambda d: set_header(d, alloc_table_ptr=size + 24 * 1000))
+    refused(path, f"allocation table pointer {size + 24000} is outside the file \\({size} bytes\\)")
+
+
+def test_file_cut_before_its_allocation_table_is_refused(written, tmp_path: Path):
+    path = tmp_path / "cut.beton"
+    data = written[0].read_bytes()
+    path.write_bytes(data[: BetonFile(written[0]).alloc_table_ptr - 4096])
+    refused(path, "is outside the file")
+
+
+def test_version_3_is_refused(written, tmp_path: Path):
+    path = corrupt_copy(written, tmp_path, lambda d: set_header(d, version=3))
+    refused(path, "format version 3, expected 2")
+
+
+def test_huge_num_samples_is_refused_without_allocating(written, tmp_path: Path):
+    path = corrupt_copy(written, tmp_path, lambda d: set_header(d, num_samples=10**12))
+    refused(path, "header claims 1000000000000 samples in a")
+
+
+def test_num_samples_past_the_allocation_table_is_refused(written, tmp_path: Path):
+    beton = BetonFile(written[0])
+    too_many = beton.alloc_table_ptr // beton.metadata_type.itemsize + 1
+    path = corrupt_copy(written, tmp_path, lambda d: set_header(d, num_samples=too_many))
+    refused(path, f"metadata for {too_many} samples would end at byte .* past the allocation table")
+
+
+def test_unknown_type_id_77_is_refused(written, tmp_path: Path):
+    def edit(data):
+        data[descriptor_offset(2)] = 77
+
+    refused(corrupt_copy(written, tmp_path, edit), "field 2 has unknown or custom type id 77")
+
+
+def test_custom_type_id_255_is_refused(written, tmp_path: Path):
+    def edit(data):
+        data[descriptor_offset(0)] = 255
+
+    refused(corrupt_copy(written, tmp_path, edit), "field 0 has unknown or custom type id 255")
+
+
+@pytest.mark.parametrize("page_size", [0, 3, (1 << 21) + 1])
+def test_page_size_not_a_power_of_two_is_refused(written, tmp_path: Path, page_size):
+    path = corrupt_copy(written, tmp_path, lambda d: set_header(d, page_size=page_size))
+    refused(path, f"page size {page_size} is not a power of two")
+
+
+def test_zero_fields_is_refused(written, tmp_path: Path):
+    refused(corrupt_copy(written, tmp_path, lambda d: set_header(d, num_fields=0)), "header declares no fields")
+
+
+def test_more_descriptors_than_the_file_holds_is_refused(written, tmp_path: Path):
+    def edit(data):
+        size = len(data)
+        del data[60000:]
+        set_header(data, num_fields=65535, alloc_table_ptr=len(data), num_samples=1)
+        assert size > len(data)
+
+    refused(corrupt_copy(written, tmp_path, edit), "65535 field descriptors do not fit in the file")
+
+
+def test_allocation_table_of_partial_entries_is_refused(written, tmp_path: Path):
+    refused(corrupt_copy(written, tmp_path, lambda d: d.extend(b"\0" * 5)),
+            "allocation table size is not a whole number of entries")
+
+
+def test_non_ascii_field_name_is_refused(written, tmp_path: Path):
+    def edit(data):
+        data[descriptor_offset(1) + 1] = 0xC3
+
+    refused(corrupt_copy(written, tmp_path, edit), "field 1 name .* is not ASCII")
+
+
+def test_empty_field_name_is_refused(written, tmp_path: Path):
+    def edit(data):
+        data[descriptor_offset(0) + 1] = 0
+
+    refused(corrupt_copy(written, tmp_path, edit), "field 0 has an empty name")
+
+
+def test_two_fields_with_one_name_are_refused(written, tmp_path: Path):
+    def edit(data):
+        start = descriptor_offset(0) + 1
+        data[descriptor_offset(1) + 1 : descriptor_offset(1) + 17] = data[start : start + 16]
+
+    refused(corrupt_copy(written, tmp_path, edit), "two fields share a name")
+
+
+def test_ndarray_dtype_description_too_long_is_refused(written, tmp_path: Path):
+    def edit(data):
+        type_length_at = descriptor_offset(2) + 17 + 8 * 32
+        data[type_length_at : type_length_at + 8] = np.uint64(10**9).tobytes()
+
+    refused(corrupt_copy(written, tmp_path, edit), "field 2 dtype description length 1000000000 is too long")
+
+
+def test_ndarray_unreadable_dtype_description_is_refused(written, tmp_path: Path):
+    def edit(data):
+        descr_at = descriptor_offset(2) + 17 + 8 * 33
+        data[descr_at : descr_at + 4] = b"}}}}"
+
+    refused(corrupt_copy(written, tmp_path, edit), "field 2 has an unreadable dtype description")
+
+
+def test_ndarray_shape_larger_than_a_page_is_refused(written, tmp_path: Path):
+    def edit(data):
+        shape_at = descriptor_offset(2) + 17
+        data[shape_at : shape_at + 8] = np.uint64(1 << 40).tobytes()
+
+    refused(corrupt_copy(written, tmp_path, edit), "field 2 shape .* is larger than a page")
+
+
+def test_random_bytes_are_refused(tmp_path: Path):
+    path = tmp_path / "noise.beton"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, 1 << 16, dtype=np.uint8).tobytes())
+    with pytest.raises(BetonFormatError):
+        BetonFile(path)
+
+
+def metadata_offset(beton: BetonFile, field: str, row: int, member: str | None = None) -> int:
+    offset = beton.metadata_start + beton.metadata_type.itemsize * row + beton.metadata_type.fields[field][1]
+    if member is not None:
+        offset += beton.metadata_type[field].fields[member][1]
+    return offset
+
+
+def test_bytes_pointer_outside_the_data_region_is_refused_on_read(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    at = metadata_offset(good, "blob", 3, "ptr")
+    path = corrupt_copy(written, tmp_path, lambda d: d.__setitem__(slice(at, at + 8), np.uint64(10).tobytes()))
+    beton = BetonFile(path)
+    with pytest.raises(BetonFormatError, match=r"payload \[10, .*\) lies outside the data region"):
+        beton.variable_payload("blob", 3)
+    assert bytes(beton.variable_payload("blob", 2)) == written[1][2][4].tobytes()
+
+
+def test_json_size_past_the_allocation_table_is_refused_on_read(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    at = metadata_offset(good, "meta", 0, "size")
+    path = corrupt_copy(written, tmp_path, lambda d: d.__setitem__(slice(at, at + 8), np.uint64(2**62).tobytes()))
+    with pytest.raises(BetonFormatError, match="lies outside the data region"):
+        BetonFile(path).variable_payload("meta", 0)
+
+
+def test_ndarray_pointer_outside_the_data_region_is_refused_on_read(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    at = metadata_offset(good, "emb", 5)
+    path = corrupt_copy(written, tmp_path, lambda d: d.__setitem__(slice(at, at + 8), np.uint64(2**63).tobytes()))
+    with pytest.raises(BetonFormatError, match="field 'emb' has a payload pointer outside the data region"):
+        BetonFile(path).ndarray_column("emb")
+
+
+def test_jpeg_pointer_missing_from_the_allocation_table_is_refused(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    at = metadata_offset(good, "jpg_img", 4, "data_ptr")
+    moved = int(good.metadata["jpg_img"][4]["data_ptr"]) + 1
+    path = corrupt_copy(written, tmp_path, lambda d: d.__setitem__(slice(at, at + 8), np.uint64(moved).tobytes()))
+    with pytest.raises(BetonFormatError, match=f"sample 4 pointer {moved} is not in the allocation table"):
+        BetonFile(path).variable_payload("jpg_img", 4)
+
+
+def test_undecodable_jpeg_payload_is_refused(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    ptr = int(good.metadata["jpg_img"][1]["data_ptr"])
+    size = good.allocation_size(1, ptr)
+
+    def edit(data):
+        data[ptr : ptr + size] = b"\0" * size
+
+    path = corrupt_copy(written, tmp_path, edit)
+    with pytest.raises(BetonFormatError, match="sample 1 field 'jpg_img' is not a decodable JPEG"):
+        decode_image(BetonFile(path), "jpg_img", 1)
+
+
+def test_good_file_copy_still_parses(written, tmp_path: Path):
+    """The corruption helpers start from a file that parses: each refusal above is due to its one edit."""
+    path = tmp_path / "copy.beton"
+    shutil.copyfile(written[0], path)
+    beton = BetonFile(path)
+    assert beton.num_samples == NUM_SAMPLES and [f.name for f in beton.fields] == FIELD_ORDER
