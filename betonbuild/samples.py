@@ -97,7 +97,10 @@ def _check_int(field: FieldSpec, value: Any, fail: Callable[..., SampleError]) -
 def _check_float(field: FieldSpec, value: Any, fail: Callable[..., SampleError]) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise fail(f"float field got {describe(value)}", "return a Python float or numpy floating value")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise fail(f"value {describe(value)} is too large for a float64") from None
 
 
 def _check_ndarray(field: FieldSpec, value: Any, fail: Callable[..., SampleError]) -> np.ndarray:
@@ -170,9 +173,11 @@ def _check_rgb_image(field: FieldSpec, value: Any, fail: Callable[..., SampleErr
         if value.ndim == 3 and value.shape[0] == 3 and value.shape[2] != 3:
             raise fail(f"image is {describe(value)}, which looks channels-first (CHW)", "use value.transpose(1, 2, 0)")
         if value.ndim != 3 or value.shape[2] != 3:
-            if not convert or value.ndim not in (2, 3):
-                raise fail(f"image is {describe(value)}; expected HxWx3 RGB", convert_hint)
-            value = np.asarray(Image.fromarray(value).convert("RGB"))
+            channels = 1 if value.ndim == 2 else value.shape[2] if value.ndim == 3 else None
+            if not convert or channels not in (1, 4):
+                raise fail(f"image is {describe(value)}; expected HxWx3 RGB", convert_hint if channels in (1, 4) else "")
+            # HxW / HxWx1 are grey (mode L), HxWx4 is RGBA: the conversions PIL's .convert("RGB") defines.
+            value = np.asarray(Image.fromarray(value.reshape(value.shape[:2]) if channels == 1 else value).convert("RGB"))
     elif type(value).__module__ == "torch":
         raise fail(
             f"image is a {describe(value)}",

@@ -7,7 +7,6 @@ here, and every error names the dataset and the key (``datasets.photos.fields: .
 from __future__ import annotations
 
 import copy
-import json
 import re
 from dataclasses import dataclass, field as dc_field
 from pathlib import Path
@@ -87,14 +86,14 @@ class DatasetSpec:
             "verify": self.verify,
         }
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DatasetSpec":
-        """Rebuild a spec from ``to_dict`` output (rule params, a saved failure...)."""
+        """Rebuild a spec from ``to_dict`` output, or a part of it (rule params, a saved failure...).
+
+        Parts left out (a rule that does not verify gets no ``verify``) take the schema's defaults.
+        """
         entry = {k: v for k, v in data.items() if k != "name"}
-        return _dataset_spec(data["name"], entry)
+        return load_config({"datasets": {data["name"]: entry}}).datasets[data["name"]]
 
 
 @dataclass(frozen=True)
@@ -122,10 +121,10 @@ def schema() -> dict[str, Any]:
         return yaml.safe_load(fh)
 
 
-def parse_size(value: int | str, where: str) -> int:
+def parse_size(value: int | float | str, where: str) -> int:
     """``8388608`` or ``"8MiB"`` -> bytes."""
-    if isinstance(value, int):
-        return value
+    if isinstance(value, (int, float)):
+        return int(value)  # the schema admits only integral numbers (JSON Schema counts 4.0 as one)
     match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", value)
     if not match or match.group(2) not in _SIZE_UNITS:
         raise ConfigError(where, f"cannot read size {value!r}; write bytes or e.g. '8MiB', '1GiB'")
@@ -141,6 +140,8 @@ def check_no_duplicate_keys(path: str | Path) -> None:
     def construct_mapping(loader, node, deep=False):
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` merges are YAML's own, deliberate override mechanism
             key = loader.construct_object(key_node, deep=deep)
             if key in seen:
                 raise ConfigError(
@@ -197,8 +198,9 @@ def _dataset_spec(name: str, entry: dict[str, Any]) -> DatasetSpec:
         fields=fields,
         sample_keys=tuple(sample_keys) if sample_keys is not None else None,
         writer=_writer_spec(f"{where}.writer", entry["writer"]),
-        smoke_samples=entry["smoke"]["samples"],
-        verify=entry["verify"],
+        smoke_samples=int(entry["smoke"]["samples"]),
+        verify={**entry["verify"], "samples": int(entry["verify"]["samples"]),
+                "loader_batch": int(entry["verify"]["loader_batch"])},
     )
 
 
@@ -230,7 +232,8 @@ def _field_spec(where: str, name: str, entry: dict[str, Any]) -> FieldSpec:
     elif kind == "rgb_image" and options["write_mode"] == "smart" and options["smart_threshold"] is None:
         raise ConfigError(
             f"{here}.smart_threshold",
-            "write_mode 'smart' needs smart_threshold (pixels above which an image is stored as JPEG); "
+            "write_mode 'smart' needs smart_threshold (image bytes, height*width*3, above which it is stored "
+            "as JPEG); "
             "without it ffcv stores raw and wastes a JPEG encode per image",
         )
     if kind in ("ndarray", "torch_tensor"):
@@ -245,6 +248,10 @@ def _numpy_dtype(where: str, text: str) -> np.dtype:
         raise ConfigError(where, f"{text!r} is not a numpy dtype ({exc})") from None
     if dtype.hasobject:
         raise ConfigError(where, f"{text!r} holds Python objects; ffcv stores only plain-data dtypes")
+    if dtype.fields is not None or dtype.subdtype is not None:
+        raise ConfigError(
+            where, f"{text!r} is a structured or sub-array dtype; use a plain dtype and put every dimension in `shape`"
+        )
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and not dtype.isnative):
         raise ConfigError(where, f"{text!r} is big-endian; use the native little-endian dtype")
     return dtype
@@ -286,15 +293,19 @@ def _writer_spec(where: str, entry: dict[str, Any]) -> WriterSpec:
     if entry["num_workers"] == 0:
         raise ConfigError(f"{where}.num_workers", "0 is not a worker count; use -1 (all CPUs) or a positive number")
     indices = entry["indices"]
-    if isinstance(indices, str) and not _RANGE_RE.match(indices):
-        raise ConfigError(f"{where}.indices", f"{indices!r} is not a range 'start:stop[:step]'")
+    if isinstance(indices, str):
+        match = _RANGE_RE.match(indices)
+        if not match:
+            raise ConfigError(f"{where}.indices", f"{indices!r} is not a range 'start:stop[:step]'")
+        if match.group(3) is not None and int(match.group(3)) == 0:
+            raise ConfigError(f"{where}.indices", f"{indices!r} has step 0; the step must be at least 1")
     return WriterSpec(
-        num_workers=entry["num_workers"],
+        num_workers=int(entry["num_workers"]),
         page_size=page_size,
-        chunksize=entry["chunksize"],
-        indices=indices,
+        chunksize=int(entry["chunksize"]),
+        indices=[int(i) for i in indices] if isinstance(indices, list) else indices,
         shuffle=entry["shuffle"],
-        seed=entry["seed"],
+        seed=int(entry["seed"]),
     )
 
 

@@ -116,4 +116,5 @@ def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: 
             f"(full report kept at {failed_report_path})"
         )
     write_json(report_path, report)
+    Path(failed_report_path).unlink(missing_ok=True)  # an earlier failure no longer describes this file
     return report

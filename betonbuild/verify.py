@@ -21,8 +21,8 @@ from .samples import check_sample
 from .sources import ArraysSource, ImageFolderSource
 from .spec import DatasetSpec
 
-CHUNK_ROWS = 4096
-LOADER_JPEG_MEAN_ERROR = 4.0  # two JPEG decoders of one file; a different image differs by ~50+  # rows compared at once: bounds the memory of the vectorised comparison
+CHUNK_ROWS = 4096  # rows compared at once: bounds the memory of the vectorised comparison
+LOADER_JPEG_MEAN_ERROR = 4.0  # two JPEG decoders of one file; a different image differs by ~50+
 
 
 class Report:

@@ -310,9 +310,9 @@ def _signals_raise():
 
 
 def resolve_workers(num_workers: int, threads: int | None = None) -> int:
-    """-1 means the CPUs this process may use; inside Snakemake, the job's threads."""
+    """-1 means the CPUs this process may use; inside Snakemake, the job's threads (which also cap N)."""
     if num_workers > 0:
-        return num_workers
+        return min(num_workers, threads) if threads else num_workers
     if threads:
         return threads
     return len(os.sched_getaffinity(0))

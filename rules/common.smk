@@ -51,7 +51,19 @@ def _spec_parts(wildcards, *parts):
 
 
 def write_spec(wildcards):
-    """What determines the written bytes; a change reruns the writes of this dataset only."""
+    """What determines the full file's bytes (and the source manifest)."""
+    return _spec_parts(wildcards)
+
+
+def smoke_spec(wildcards):
+    return _spec_parts(wildcards, "smoke")
+
+
+def verify_spec(wildcards):
+    return _spec_parts(wildcards, "verify")
+
+
+def smoke_verify_spec(wildcards):
     return _spec_parts(wildcards, "smoke", "verify")
 
 

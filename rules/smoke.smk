@@ -15,7 +15,7 @@ rule smoke:
         "../envs/ffcv.yaml"
     threads: 1
     params:
-        spec=write_spec,
+        spec=smoke_spec,
     script:
         "../scripts/write.py"
 
@@ -37,7 +37,7 @@ rule verify_smoke:
         "../envs/ffcv.yaml"
     threads: 1
     params:
-        spec=write_spec,
+        spec=smoke_verify_spec,
         failed_report=result("failed/smoke.verify.json"),
     script:
         "../scripts/verify.py"

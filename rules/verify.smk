@@ -15,7 +15,7 @@ rule verify:
         "../envs/ffcv.yaml"
     threads: 1
     params:
-        spec=write_spec,
+        spec=verify_spec,
         failed_report=result("failed/{ds}.verify.json"),
     script:
         "../scripts/verify.py"

@@ -134,11 +134,6 @@ def test_float_field_accepts_numbers_as_python_float(value):
     assert result == float(value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _check_float calls float(value) unguarded; a Python int beyond float range (2**1024) "
-    "raises OverflowError instead of a SampleError naming dataset, field and index",
-)
 def test_int_too_large_for_float_field_is_a_sample_error():
     rejected("score", 2**1024)
 
@@ -300,13 +295,15 @@ def test_rgba_array_is_rejected_in_strict_mode(photo):
     assert "expected HxWx3 RGB" in str(rejected("image", rgba))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with image_mode: convert, an HxWx1 (or HxWx5...) uint8 array goes to Image.fromarray, "
-    "which raises TypeError 'Cannot handle this data type' instead of a SampleError",
-)
-def test_single_channel_3d_array_with_convert_is_a_sample_error(photo):
-    rejected("image_conv", photo[:, :, :1].copy())
+def test_single_channel_3d_array_with_convert_becomes_grey_rgb(photo):
+    grey = photo[:, :, :1].copy()
+    converted = check("image_conv", grey)
+    assert converted.shape == (*grey.shape[:2], 3)
+    assert all(np.array_equal(converted[:, :, c], grey[:, :, 0]) for c in range(3))
+
+
+def test_five_channel_array_with_convert_is_a_sample_error(photo):
+    rejected("image_conv", np.concatenate([photo, photo[:, :, :2]], axis=2))
 
 
 def test_torch_image_is_rejected_with_permute_hint():
