@@ -106,7 +106,7 @@ def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: 
         record = json.load(fh)
     if record.get("rows_sha256") != _digest(rows):
         raise VerificationError(f"{record_path} was written for other rows than the manifest now gives")
-    report = verify_beton(spec, source, rows, beton_path, record.get("provenance"))
+    report = verify_beton(spec, source, rows, beton_path, record.get("provenance"), every_variable_sample=smoke)
     report["stage"] = "smoke" if smoke else "full"
     report["write"] = {k: record.get(k) for k in ("num_workers", "page_size", "chunksize", "seconds")}
     if not report["ok"]:

@@ -63,8 +63,13 @@ def verify_beton(
     rows: np.ndarray,
     path: str,
     writer_build: dict | None,
+    every_variable_sample: bool = False,
 ) -> dict[str, Any]:
-    """``rows[i]`` is the source index that sample i of ``path`` must hold."""
+    """``rows[i]`` is the source index that sample i of ``path`` must hold.
+
+    Variable-size fields are compared on a seeded sample of ``verify.samples`` rows, or on every
+    row with ``every_variable_sample`` (the smoke gate).
+    """
     report = Report()
     reader_build = ffcv_build()
     result: dict[str, Any] = {
@@ -100,7 +105,7 @@ def verify_beton(
         report.run("fixed_fields", lambda: _check_fixed_fields(beton, spec, source, rows))
     variable = [f for f in spec.fields if not f.is_fixed_size]
     if variable:
-        report.run("variable_fields", lambda: _check_variable_fields(beton, spec, source, rows))
+        report.run("variable_fields", lambda: _check_variable_fields(beton, spec, source, rows, every_variable_sample))
     report.run("loader_batch", lambda: _check_loader_batch(beton, spec, source, rows))
     if writer_build is None:
         report.check("same_ffcv_build", False, "no record of the writer's ffcv build")
@@ -248,8 +253,8 @@ def _mismatching_rows(found: np.ndarray, expected: np.ndarray) -> np.ndarray:
     return np.flatnonzero(differ.any(axis=1))
 
 
-def _sampled_rows(spec: DatasetSpec, n_rows: int) -> np.ndarray:
-    k = min(spec.verify["samples"], n_rows)
+def _sampled_rows(spec: DatasetSpec, n_rows: int, every: bool) -> np.ndarray:
+    k = n_rows if every else min(spec.verify["samples"], n_rows)
     return np.sort(np.random.default_rng(spec.writer.seed).choice(n_rows, size=k, replace=False))
 
 
@@ -260,8 +265,9 @@ def expected_image(field, image: np.ndarray) -> np.ndarray:
     return resizer(image, field.options["max_resolution"])
 
 
-def _check_variable_fields(beton: BetonFile, spec: DatasetSpec, source, rows: np.ndarray) -> tuple[bool, str, dict]:
-    sampled = _sampled_rows(spec, len(rows))
+def _check_variable_fields(beton: BetonFile, spec: DatasetSpec, source, rows: np.ndarray,
+                           every: bool) -> tuple[bool, str, dict]:
+    sampled = _sampled_rows(spec, len(rows), every)
     variable = [(i, f) for i, f in enumerate(spec.fields) if not f.is_fixed_size]
     stats = {f.name: {"compared": 0, "mismatches": 0} for _, f in variable}
     problems = []

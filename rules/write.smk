@@ -3,9 +3,7 @@ rule write:
     input:
         source_inputs,
         manifest=result("source.json"),
-        # The gate: built first when missing; its timestamp alone (e.g. after a change to the
-        # verify settings) does not rebuild the full file.
-        smoke_report=ancient(result("smoke.verify.json")),
+        smoke_report=result("smoke.verify.json"),
     output:
         beton=result("{ds}.beton"),
         record=result("{ds}.write.json"),

@@ -44,6 +44,7 @@ from conftest import BIN, run_snakemake, write_config
 BETONBUILD = str(BIN / "betonbuild")
 PYTHON = str(BIN / "python")
 HARNESS_LIMIT = 60.0  # a case that takes longer than this is a hang
+MATRIX_PARALLEL = 3  # cases run side by side: most of a failing case is the writer's 1 s error grace
 MATRIX_BUDGET = 500.0  # the whole forked matrix; below pytest-timeout's 600 s so a hang is reported, not killed
 
 # ---------------------------------------------------------------------------------------------
@@ -311,7 +312,7 @@ CASE_IDS = [c.dataset if c.until is None else f"{c.dataset}_from_{c.at}" for c i
 PAGE_FIXES = {"fixed_page_bytes": ("bytes", "page_bytes"), "fixed_page_image": ("image", "page_image")}
 
 DRIVER_SOURCE = textwrap.dedent(
-    '''
+    """
     import atexit, json, os, signal, sys, time, traceback
 
     import numpy, PIL.Image, torch  # noqa: F401 - imported once here, not in every case
@@ -339,60 +340,47 @@ DRIVER_SOURCE = textwrap.dedent(
         return members
 
 
-    def run(argv, out_dir, tag):
-        out, err, shm_log = (os.path.join(out_dir, f"{tag}.{s}") for s in ("out", "err", "shm"))
-        limit = min(plan["limit"], max(0.0, deadline - time.monotonic()))
-        if limit <= 0:
-            return {"rc": None, "timed_out": True, "seconds": 0.0, "stderr": "not run: budget exhausted",
-                    "stdout": "", "leftover_processes": [], "leftover_shm": []}
-        started = time.monotonic()
-        pid = os.fork()
-        if pid == 0:  # the child: `betonbuild <argv>` as the console script runs it
-            rc = 70
+    def paths(tag):
+        return [os.path.join(plan["out_dir"], f"{tag}.{s}") for s in ("out", "err", "shm")]
+
+
+    def child(argv, tag):
+        # `betonbuild <argv>` as the console script runs it, in its own process group
+        out, err, shm_log = paths(tag)
+        rc = 70
+        try:
+            os.setsid()
+            os.chdir(plan["workdir"])
+            for fd, path in ((1, out), (2, err)):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            original_init = shared_memory.SharedMemory.__init__
+
+            def init(self, name=None, create=False, size=0, *args, **kwargs):
+                original_init(self, name, create, size, *args, **kwargs)
+                if create:
+                    with open(shm_log, "a") as fh:
+                        fh.write(self._name + "\\n")
+
+            shared_memory.SharedMemory.__init__ = init
+            sys.argv = ["betonbuild", *argv]
+            rc = betonbuild.cli.main(argv)
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            rc = 71
+        finally:
             try:
-                os.setsid()
-                os.chdir(plan["workdir"])
-                for fd, path in ((1, out), (2, err)):
-                    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-                    os.dup2(target, fd)
-                original_init = shared_memory.SharedMemory.__init__
-
-                def init(self, name=None, create=False, size=0, *args, **kwargs):
-                    original_init(self, name, create, size, *args, **kwargs)
-                    if create:
-                        with open(shm_log, "a") as fh:
-                            fh.write(self._name + "\\n")
-
-                shared_memory.SharedMemory.__init__ = init
-                sys.argv = ["betonbuild", *argv]
-                rc = betonbuild.cli.main(argv)
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-                rc = 71
+                atexit._run_exitfuncs()
+                sys.stdout.flush()
+                sys.stderr.flush()
             finally:
-                try:
-                    atexit._run_exitfuncs()
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(rc)
-        timed_out = False
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() - started > limit:
-                timed_out = True
-                os.killpg(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                status = -1
-                break
-            time.sleep(0.02)
+                os._exit(rc)
+
+
+    def collect(pid, tag, started, status, timed_out):
         seconds = time.monotonic() - started
-        # Worker processes must be gone with their parent (allow them a moment to finish exiting).
-        leftover = group_members(pid)
+        leftover = group_members(pid)  # worker processes must be gone with their parent
         settle = time.monotonic() + 2.0
         while leftover and time.monotonic() < settle:
             time.sleep(0.05)
@@ -402,6 +390,7 @@ DRIVER_SOURCE = textwrap.dedent(
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        out, err, shm_log = paths(tag)
         created = open(shm_log).read().split() if os.path.exists(shm_log) else []
         return {
             "rc": None if timed_out else os.waitstatus_to_exitcode(status),
@@ -416,17 +405,37 @@ DRIVER_SOURCE = textwrap.dedent(
 
 
     results = {}
-    for item in plan["runs"]:
-        name = item["name"]
-        write = run(item["argv"], plan["out_dir"], name)
-        result = {"write": write}
-        failure = os.path.join(plan["workdir"], "results", name, "failure")
-        if write["rc"] not in (0, None) and os.path.isdir(failure):
-            result["repro"] = run(["repro", failure], plan["out_dir"], name + ".repro")
-        results[name] = result
-        with open(plan["results"], "w") as fh:
-            json.dump(results, fh)
-    '''
+    todo = [(item["name"], "write", item["argv"]) for item in plan["runs"]]
+    running = {}  # pid -> (name, step, started)
+    while todo or running:
+        while todo and len(running) < plan["parallel"] and time.monotonic() < deadline:
+            name, step, argv = todo.pop(0)
+            pid = os.fork()
+            if pid == 0:
+                child(argv, f"{name}.{step}")
+            running[pid] = (name, step, time.monotonic())
+        if not running:
+            for name, step, _ in todo:
+                results.setdefault(name, {})[step] = {"rc": None, "timed_out": True, "seconds": 0.0,
+                                                      "stderr": "not run: the matrix budget ran out", "stdout": ""}
+            break
+        time.sleep(0.02)
+        for pid, (name, step, started) in list(running.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            timed_out = not done and time.monotonic() - started > plan["limit"]
+            if timed_out:
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            if done or timed_out:
+                del running[pid]
+                result = collect(pid, f"{name}.{step}", started, status, timed_out)
+                results.setdefault(name, {})[step] = result
+                failure = os.path.join(plan["workdir"], "results", name, "failure")
+                if step == "write" and result["rc"] not in (0, None) and os.path.isdir(failure):
+                    todo.insert(0, (name, "repro", ["repro", failure]))
+    with open(plan["results"], "w") as fh:
+        json.dump(results, fh)
+    """
 ).lstrip()
 
 
@@ -450,7 +459,7 @@ def matrix(tmp_path_factory) -> tuple[Path, dict]:
         for name in datasets
     ]
     plan = {"workdir": str(workdir), "out_dir": str(out_dir), "results": str(out_dir / "results.json"),
-            "limit": HARNESS_LIMIT, "budget": MATRIX_BUDGET, "runs": runs}
+            "limit": HARNESS_LIMIT, "budget": MATRIX_BUDGET, "parallel": MATRIX_PARALLEL, "runs": runs}
     (out_dir / "plan.json").write_text(json.dumps(plan))
     driver = subprocess.run([PYTHON, "-c", DRIVER_SOURCE, str(out_dir / "plan.json")], capture_output=True,
                             text=True, timeout=MATRIX_BUDGET + 60, cwd=workdir)
@@ -458,7 +467,21 @@ def matrix(tmp_path_factory) -> tuple[Path, dict]:
     return workdir, json.loads((out_dir / "results.json").read_text())
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+# Library bugs these cases found (kept as strict xfails until fixed).
+KNOWN_BUGS = {
+    "bad_ndarray_bigendian": (
+        "failure.py pickles the saved sample with the default protocol 4, which (numpy 2.4) turns a "
+        "big-endian array into a native one: `betonbuild repro` then says the sample passes (exit 0)"
+    ),
+}
+CASE_PARAMS = [
+    pytest.param(case, id=case_id, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[case_id])]
+                 if case_id in KNOWN_BUGS else [])
+    for case, case_id in zip(CASES, CASE_IDS)
+]
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_bad_sample_fails_cleanly_and_names_dataset_field_and_index(matrix, case: Case):
     workdir, results = matrix
     name = case.dataset if case.until is None else f"{case.dataset}_from_{case.at}"
@@ -487,8 +510,10 @@ def test_bad_sample_fails_cleanly_and_names_dataset_field_and_index(matrix, case
     assert record["stage"] == "full"
     assert list(record["spec"]["fields"]) == list(FAMILY_FIELDS[case.family])
     assert record["spec"]["source"]["args"]["kind"] == case.kind
-    assert "Traceback (most recent call last)" in record["traceback"]
-    assert "SampleError" in record["traceback"] or "RuntimeError" in record["traceback"]
+    # the traceback of the failure as it happened in the worker (for a page overflow: ffcv's own error)
+    assert record["traceback"].startswith("Traceback (most recent call last)")
+    assert _last_line(record["traceback"]).startswith(
+        ("betonbuild.errors.SampleError: ", "ValueError: Tried allocating")), record["traceback"][-600:]
     assert error_line == f"betonbuild error: {record['message']}"
     if case.kind == "getitem_raises":
         assert record["sample_file"] is None and "corrupt record" in record["sample_unavailable"]
@@ -499,6 +524,10 @@ def test_bad_sample_fails_cleanly_and_names_dataset_field_and_index(matrix, case
     repro = results[name]["repro"]
     assert not repro["timed_out"] and repro["rc"] == 1, repro["stderr"][-3000:]
     assert f"reproduced: {record['message']}" in repro["stderr"]
+
+
+def _last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize("name", sorted(PAGE_FIXES))
@@ -641,58 +670,104 @@ GOOD_DIGITS = {
 }
 
 
+def save_digits(path: Path) -> Path:
+    """The first 300 real sklearn digits, as conftest's digits_npz fixture stores them."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    np.savez(path, images=digits.images[:300].astype(np.uint8), target=digits.target[:300].astype(np.int64))
+    return path
+
+
 def _index_outside_smoke(n: int, smoke: int) -> int:
     positions = set(int(p) for p in smoke_positions(n, smoke, 0))
     return next(i for i in range(n - 50, n) if i not in positions)
 
 
-def test_keep_going_bad_datasets_fail_by_name_while_the_good_one_verifies(tmp_path, digits_npz):
-    workdir = workdir_with_adapter(tmp_path)
-    assert digits_npz == workdir / "digits.npz"
-    full_at = _index_outside_smoke(300, 4)
-    datasets = {
+FULL_AT = _index_outside_smoke(300, 4)
+# dataset -> (field, index, what the message says, stage that fails)
+KEEP_GOING_BAD = {
+    # caught by the smoke stage's pre-flight inspection
+    "bad_json": ("meta", 3, "value['i'] is a int64", "smoke"),
+    "bad_page": ("data", 2, "set writer.page_size to at least 4MiB (4194304)", "smoke"),
+    "bad_getitem": (None, 1, "the source's __getitem__ raised RuntimeError: corrupt record 1", "smoke"),
+    # passes the smoke gate, fails in the full write (2 workers)
+    "bad_full": ("arr", FULL_AT, "dtype float64 does not match the field's float32", "full"),
+}
+KEEP_GOING_BUGS = {
+    "bad_getitem": (
+        "preflight.inspect_samples calls source[index] outside CheckedDataset, so an exception in the "
+        "user's __getitem__ during the smoke stage escapes as a raw RuntimeError traceback "
+        "('unexpected error; traceback in logs/smoke/...'): no dataset/index message, no failure dir"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def keep_going(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, float]:
+    """One `snakemake --keep-going` run: a good dataset beside six bad ones."""
+    workdir = workdir_with_adapter(tmp_path_factory.mktemp("keep_going"))
+    save_digits(workdir / "digits.npz")
+    write_config(workdir, {
         "good": GOOD_DIGITS,
-        # caught by the smoke stage's pre-flight inspection
         "bad_json": python_dataset("json", "json_numpy_int", n=300, at=3, smoke=4),
         "bad_page": python_dataset("bytes", "page_bytes", n=300, at=2, smoke=4, writer=PAGE_2MIB),
         "bad_getitem": python_dataset("basic", "getitem_raises", n=300, at=1, smoke=4),
-        # passes the smoke gate, fails in the full write (2 workers)
-        "bad_full": python_dataset("array", "ndarray_float64", n=300, at=full_at, smoke=4,
+        "bad_full": python_dataset("array", "ndarray_float64", n=300, at=FULL_AT, smoke=4,
                                    writer={"num_workers": 2, "chunksize": 20}),
         # the source cannot even be opened
         "bad_import": python_dataset("basic", factory="no_such_module:make"),
         "bad_factory": python_dataset("explode"),
-    }
-    write_config(workdir, datasets)
+    })
     started = time.monotonic()
     result = run_snakemake(workdir, "--keep-going", timeout=240, check=False)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert time.monotonic() - started < 240
+    return workdir, result, time.monotonic() - started
 
+
+def test_keep_going_the_good_dataset_still_verifies(keep_going):
+    workdir, result, seconds = keep_going
+    assert result.returncode != 0
     report = json.loads((workdir / "results/good/good.verify.json").read_text())
     assert report["ok"] is True
     assert (workdir / "results/good/good.beton").is_file()
 
-    expected = {
-        "bad_json": ("meta", 3, "value['i'] is a int64", "smoke"),
-        "bad_page": ("data", 2, "set writer.page_size to at least 4MiB (4194304)", "smoke"),
-        "bad_getitem": (None, 1, "the source's __getitem__ raised RuntimeError: corrupt record 1", "smoke"),
-        "bad_full": ("arr", full_at, "dtype float64 does not match the field's float32", "full"),
-    }
-    for name, (field, index, why, stage) in expected.items():
-        lines = [line for line in output.splitlines() if line.startswith(f"betonbuild error: dataset '{name}'")]
-        assert lines, f"no error line for {name} in:\n{output[-6000:]}"
-        assert_names(lines[0], name, field, index)
-        assert why in lines[0], lines[0]
-        assert beton_leftovers(workdir, name) == []
-        record = json.loads((workdir / f"results/{name}/failure/failure.json").read_text())
-        assert (record["index"], record["field"], record["stage"]) == (index, field, stage)
-    assert "betonbuild error: dataset 'bad_import': cannot import module 'no_such_module'" in output
-    assert ("betonbuild error: dataset 'bad_factory': factory badsource:make raised ValueError: "
-            "cannot open /nowhere/index.csv") in output
-    for name in ("bad_import", "bad_factory"):
-        assert beton_leftovers(workdir, name) == []
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=[pytest.mark.xfail(strict=True, reason=KEEP_GOING_BUGS[name])]
+                 if name in KEEP_GOING_BUGS else [])
+    for name in KEEP_GOING_BAD
+])
+def test_keep_going_a_bad_sample_is_named_and_saved(keep_going, name: str):
+    workdir, result, seconds = keep_going
+    field, index, why, stage = KEEP_GOING_BAD[name]
+    output = result.stdout + result.stderr
+    lines = [line for line in output.splitlines() if line.startswith(f"betonbuild error: dataset '{name}'")]
+    assert lines, f"no error line for {name}; its log:\n" + _log_tail(workdir, stage, name)
+    assert_names(lines[0], name, field, index)
+    assert why in lines[0], lines[0]
+    assert beton_leftovers(workdir, name) == []
+    record = json.loads((workdir / f"results/{name}/failure/failure.json").read_text())
+    assert (record["index"], record["field"], record["stage"]) == (index, field, stage)
+    assert "Traceback (most recent call last)" in record["traceback"]
+
+
+def _log_tail(workdir: Path, stage: str, name: str) -> str:
+    log = workdir / "logs" / stage / f"{name}.log"
+    return log.read_text()[-3000:] if log.exists() else f"({log} does not exist)"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("bad_import", "betonbuild error: dataset 'bad_import': cannot import module 'no_such_module' "
+                   "of factory no_such_module:make: ModuleNotFoundError"),
+    ("bad_factory", "betonbuild error: dataset 'bad_factory': factory badsource:make raised ValueError: "
+                    "cannot open /nowhere/index.csv"),
+])
+def test_keep_going_a_source_that_cannot_open_is_named(keep_going, name: str, message: str):
+    workdir, result, seconds = keep_going
+    assert message in result.stdout + result.stderr, _log_tail(workdir, "source_manifest", name)
+    assert beton_leftovers(workdir, name) == []
+    assert not (workdir / f"results/{name}/source.json").exists()
 
 
 CONFIG_ERRORS = {
@@ -768,7 +843,7 @@ def test_duplicate_field_name_in_the_yaml_fails_before_any_job(tmp_path):
     {"kind": "arrays", "path": "missing.npz", "columns": {"a": "a", "b": "b"}},
     {"kind": "image_folder", "root": "no_photos"},
 ], ids=["arrays_path", "image_folder_root"])
-def test_missing_source_path_fails_before_any_job_naming_dataset_and_path(tmp_path, source):
+def test_missing_source_path_fails_before_any_job_naming_dataset_and_path(tmp_path, digits_npz, source):
     workdir = workdir_with_adapter(tmp_path)
     fields = FAMILY_FIELDS["basic"] if source["kind"] == "arrays" else {"image": {"type": "rgb_image"},
                                                                         "label": {"type": "int"}}

@@ -212,3 +212,25 @@ def test_the_demo_config_is_valid_and_plans_every_dataset():
     assert set(datasets) == {"digits", "photos", "faces", "wine"}
     types = {f.type for spec in datasets.values() for f in spec.fields}
     assert types >= {"ndarray", "int", "rgb_image", "json"}
+
+
+def test_editing_verify_settings_reruns_only_the_verifications(built):
+    workdir, _ = built
+    config = datasets(workdir, workdir / "digits.npz", workdir / "photos")
+    config["digits"]["verify"] = {"samples": 7}
+    write_config(workdir, config)
+    try:
+        assert jobs_in_dry_run(workdir) == [("verify", "digits")]
+    finally:
+        write_config(workdir, datasets(workdir, workdir / "digits.npz", workdir / "photos"))
+
+
+def test_a_comment_in_the_config_reruns_nothing(built):
+    workdir, _ = built
+    path = workdir / "config.yaml"
+    original = path.read_text()
+    path.write_text("# a comment a user added\n" + original)
+    try:
+        assert jobs_in_dry_run(workdir) == []
+    finally:
+        path.write_text(original)
