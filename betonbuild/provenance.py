@@ -41,6 +41,14 @@ def ffcv_build() -> dict:
     }
 
 
+def installed_ffcv_build() -> dict | None:
+    """The build fingerprint, or None where this Python has no ffcv (Snakemake's own env under --sdm conda)."""
+    try:
+        return {k: ffcv_build()[k] for k in BUILD_KEYS}
+    except RuntimeError:
+        return None
+
+
 # What must be equal for two processes to be "the same ffcv build" (the executable path may differ).
 BUILD_KEYS = ("ffcv_distribution", "ffcv_module_version", "libffcv_sha256", "numpy", "python")
 

@@ -2,6 +2,7 @@ import re
 
 from snakemake.utils import validate
 
+from betonbuild.provenance import installed_ffcv_build
 from betonbuild.sources import input_files
 from betonbuild.spec import SCHEMA_PATH, check_no_duplicate_keys, load_config
 
@@ -72,6 +73,13 @@ def smoke_verify_spec(wildcards):
     spec = _spec_parts(wildcards, "smoke", "verify")
     spec["verify"] = {"jpeg_mean_abs_error": spec["verify"]["jpeg_mean_abs_error"]}
     return spec
+
+
+def reader_build(wildcards):
+    """The ffcv build that verification reads with: when it changes, verification reruns and
+    reports that the file was written by another build (the write does not rerun by itself).
+    """
+    return installed_ffcv_build()
 
 
 def write_threads(wildcards):

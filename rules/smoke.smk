@@ -38,6 +38,7 @@ rule verify_smoke:
     threads: 1
     params:
         spec=smoke_verify_spec,
+        reader_build=reader_build,
         failed_report=result("failed/smoke.verify.json"),
     script:
         "../scripts/verify.py"

@@ -16,6 +16,7 @@ rule verify:
     threads: 1
     params:
         spec=verify_spec,
+        reader_build=reader_build,
         failed_report=result("failed/{ds}.verify.json"),
     script:
         "../scripts/verify.py"

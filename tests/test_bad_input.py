@@ -1,7 +1,8 @@
 """The bad-input matrix: every kind of bad sample and bad config, through the real entry points.
 
-Each case asserts: a non-zero exit; a message naming the dataset, the field and the sample index;
-an end well within 60 s; no ``.beton`` (nor a temp file) at the target path; the failing sample
+Each case asserts: a non-zero exit; a message naming the dataset, the field and the sample index
+(when the sample as a whole is wrong - too few values, a missing dict key, ``__getitem__`` raised -
+it names the configured fields or the key instead of one field); an end well within 60 s; no ``.beton`` (nor a temp file) at the target path; the failing sample
 saved under ``results/{ds}/failure/`` and replayed by ``betonbuild repro`` with the same message.
 
 How the cases run (the suite must stay fast on 2 cores, and importing ffcv costs ~4 s per process):
@@ -25,10 +26,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from dataclasses import dataclass, field as dc_field
@@ -36,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from betonbuild.spec import smoke_positions
 from conftest import BIN, run_snakemake, write_config
