@@ -45,6 +45,11 @@ def source_inputs(wildcards):
     return input_files(DATASETS[wildcards.ds])
 
 
+def manifest(wildcards):
+    """results/{ds}/source.json, the one input through which the later stages see the source."""
+    return checkpoints.source_manifest.get(ds=wildcards.ds).output.manifest
+
+
 def _spec_parts(wildcards, *parts):
     full = DATASETS[wildcards.ds].to_dict()
     keep = ("name", "source", "fields", "sample_keys", "writer") + parts

@@ -1,8 +1,7 @@
 rule smoke:
     """The first k and k seeded-random samples, one worker: catches bad samples in seconds."""
     input:
-        source_inputs,
-        manifest=result("source.json"),
+        manifest=manifest,
     output:
         beton=result("smoke.beton"),
         record=result("smoke.write.json"),
@@ -23,8 +22,7 @@ rule smoke:
 rule verify_smoke:
     """The gate: the full build starts only when the smoke file reads back equal to its source."""
     input:
-        source_inputs,
-        manifest=result("source.json"),
+        manifest=manifest,
         beton=result("smoke.beton"),
         record=result("smoke.write.json"),
     output:

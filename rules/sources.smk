@@ -1,5 +1,10 @@
-rule source_manifest:
-    """Length, final sample order and a content fingerprint of the dataset's inputs."""
+checkpoint source_manifest:
+    """Length, final sample order and a content fingerprint of the dataset's inputs.
+
+    A checkpoint, so that Snakemake looks at its output again once it ran: a source rewritten
+    with identical content gives an identical source.json, and the later stages (which depend
+    on source.json, not on the source files) are not rebuilt.
+    """
     input:
         source_inputs,
     output:

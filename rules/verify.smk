@@ -1,8 +1,7 @@
 rule verify:
     """Reads the full .beton back and proves it equals its source (report: {ds}.verify.json)."""
     input:
-        source_inputs,
-        manifest=result("source.json"),
+        manifest=manifest,
         beton=result("{ds}.beton"),
         record=result("{ds}.write.json"),
     output:

@@ -1,8 +1,7 @@
 rule write:
     """The full .beton, written by the job's threads as ffcv workers."""
     input:
-        source_inputs,
-        manifest=result("source.json"),
+        manifest=manifest,
         smoke_report=result("smoke.verify.json"),
     output:
         beton=result("{ds}.beton"),
