@@ -6,11 +6,17 @@ configfile: "config/config.yaml"
 
 
 include: "rules/common.smk"
+include: "rules/resources.smk"
 include: "rules/demo.smk"
 include: "rules/sources.smk"
 include: "rules/smoke.smk"
 include: "rules/write.smk"
 include: "rules/verify.smk"
+
+
+localrules:
+    all,
+    demo_data,
 
 
 rule all:

@@ -44,7 +44,8 @@ def save_failure(directory: str | os.PathLike, spec: DatasetSpec, source, error:
         try:
             sample = source[error.index]
             with open(directory / SAMPLE_FILE, "wb") as fh:
-                pickle.dump(sample, fh)
+                # Protocol 5 keeps numpy arrays exactly (protocol 4 turns big-endian into native).
+                pickle.dump(sample, fh, protocol=5)
             record["sample_file"] = SAMPLE_FILE
         except Exception as exc:  # noqa: BLE001 - the record is still useful without the sample
             (directory / SAMPLE_FILE).unlink(missing_ok=True)

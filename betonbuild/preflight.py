@@ -41,9 +41,9 @@ def inspect_samples(spec: DatasetSpec, source, rows: np.ndarray) -> dict[str, An
     sizes: dict[str, list[int]] = {f.name: [] for f in spec.fields}
     largest_total, largest_index = -1, None
     for index in sorted(set(int(i) for i in rows)):
-        raw = source[index]
+        raw = checked.fetch(index)
         mapped = sample_to_tuple(spec, raw, index)  # before conversion: the types the source returns
-        values = checked[index]
+        values = checked.check(raw, index)
         allocations = measure_allocations(fields, values)
         total = sum(allocations.values())
         if total > spec.writer.page_size:

@@ -64,15 +64,21 @@ class CheckedDataset:
 
     def __getitem__(self, index) -> tuple:
         index = int(index)  # ffcv passes np.int64, which user code (e.g. JSON values) may not expect
+        return self.check(self.fetch(index), index)
+
+    def fetch(self, index: int):
+        """The raw sample; an exception in the user's __getitem__ becomes a SampleError naming the index."""
         self.current_index = index
         try:
-            sample = self.source[index]
+            return self.source[index]
         except SampleError:
             raise
         except Exception as exc:
             raise SampleError(
                 self.spec.name, None, index, f"the source's __getitem__ raised {type(exc).__name__}: {exc}"
             ) from exc
+
+    def check(self, sample, index: int) -> tuple:
         if self._seed_global_rng:
             # RGBImageField's `proportion` mode draws from numpy's global RNG: seed it per sample
             # so the choice of JPEG vs raw is reproducible.
@@ -198,6 +204,7 @@ def _safe_writer_class():
 
         def _write_common(self, num_samples, queue_content, work_fn, extra_worker_args):
             (dataset,) = extra_worker_args
+            self.dataset_name = dataset.spec.name
             self.num_samples = num_samples
             self.prepare()
             workqueue: Queue = Queue()
@@ -254,8 +261,9 @@ def _safe_writer_class():
             if dead:
                 codes = ", ".join(_describe_exit(p.exitcode) for p in dead)
                 raise WriteError(
-                    f"a writer worker died without reporting an error ({codes}); "
-                    "a kill by signal 9 is often the kernel's out-of-memory killer"
+                    f"dataset '{self.dataset_name}': a writer worker died without reporting an error ({codes}) "
+                    f"after {self.progress.done} of {self.num_samples} samples were written; a kill by signal 9 "
+                    "is often the kernel's out-of-memory killer; rerun with writer.num_workers: 1 to find the sample"
                 )
 
         def _drain_errors(self, wait: float) -> list[WorkerFailure]:

@@ -12,5 +12,8 @@ rule demo_data:
     conda:
         "../envs/ffcv.yaml"
     threads: 1
+    resources:
+        mem_mb=demo_data_mem_mb,
+        runtime=demo_data_runtime,
     script:
         "../scripts/demo_data.py"

@@ -28,7 +28,7 @@ from betonbuild.fields import TYPE_IDS
 from betonbuild.verify import CHUNK_ROWS
 
 MB = 1 << 20
-PROCESS_MB = 768  # measured here: a job that imported ffcv and torch peaks at 430-530 MB RSS
+PROCESS_MB = 768  # measured: a job that imported ffcv and torch peaks at 430-530 MB
 WORKER_MB = 256  # a forked writer worker, beyond its page buffer
 ORDER_BYTES_PER_SAMPLE = 16  # the index range and its seeded permutation, int64 each
 PYTHON_VALUE_BYTES = 160  # a numpy value in a Python list (verifying a python source)
@@ -157,12 +157,18 @@ def _mb(nbytes):
 
 
 def _base_mb(spec, samples):
-    return PROCESS_MB + _mb(resident_source_bytes(spec) + samples * ORDER_BYTES_PER_SAMPLE)
+    return PROCESS_MB + _mb(
+        resident_source_bytes(spec) + samples * ORDER_BYTES_PER_SAMPLE
+    )
 
 
 def _write_mb(spec, samples, workers):
     table = samples * record_bytes(spec)
-    return _base_mb(spec, samples) + _mb(table) + workers * (WORKER_MB + _mb(spec.writer.page_size))
+    return (
+        _base_mb(spec, samples)
+        + _mb(table)
+        + workers * (WORKER_MB + _mb(spec.writer.page_size))
+    )
 
 
 def _verify_mb(spec, samples):
@@ -172,7 +178,9 @@ def _verify_mb(spec, samples):
         fixed = samples * (2 * fixed_bytes(spec) + n_fixed * PYTHON_VALUE_BYTES)
     else:
         fixed = min(samples, CHUNK_ROWS) * 3 * fixed_bytes(spec)
-    batch = min(samples, spec.verify["loader_batch"]) * decoded_bytes(spec) * LOADER_COPIES
+    batch = (
+        min(samples, spec.verify["loader_batch"]) * decoded_bytes(spec) * LOADER_COPIES
+    )
     return _base_mb(spec, samples) + _mb(table + fixed + batch)
 
 
@@ -182,7 +190,9 @@ def _smoke_samples(spec, input):
 
 def _seconds_per_sample(spec):
     variable = sum(SECONDS_PER_SAMPLE.get(f.type, 0) for f in spec.fields)
-    return variable + SECONDS_PER_FIXED_VALUE * sum(f.is_fixed_size for f in spec.fields)
+    return variable + SECONDS_PER_FIXED_VALUE * sum(
+        f.is_fixed_size for f in spec.fields
+    )
 
 
 def _minutes(seconds, attempt):
@@ -242,8 +252,14 @@ def verify_runtime(wildcards, input, attempt):
     spec = _spec(wildcards)
     samples = num_samples(spec, input)
     beton = input.get("beton")
-    nbytes = os.path.getsize(beton) if beton and os.path.exists(beton) else _input_bytes(spec, input)
-    fixed = samples * SECONDS_PER_FIXED_VALUE * sum(f.is_fixed_size for f in spec.fields)
+    nbytes = (
+        os.path.getsize(beton)
+        if beton and os.path.exists(beton)
+        else _input_bytes(spec, input)
+    )
+    fixed = (
+        samples * SECONDS_PER_FIXED_VALUE * sum(f.is_fixed_size for f in spec.fields)
+    )
     variable = min(samples, spec.verify["samples"]) * _seconds_per_sample(spec)
     return _minutes(fixed + variable + nbytes / MB / READ_MB_PER_S, attempt)
 

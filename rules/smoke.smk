@@ -13,6 +13,9 @@ rule smoke:
     conda:
         "../envs/ffcv.yaml"
     threads: 1
+    resources:
+        mem_mb=smoke_mem_mb,
+        runtime=smoke_runtime,
     params:
         spec=smoke_spec,
     script:
@@ -34,6 +37,9 @@ rule verify_smoke:
     conda:
         "../envs/ffcv.yaml"
     threads: 1
+    resources:
+        mem_mb=verify_smoke_mem_mb,
+        runtime=verify_smoke_runtime,
     params:
         spec=smoke_verify_spec,
         reader_build=reader_build,

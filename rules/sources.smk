@@ -16,6 +16,9 @@ checkpoint source_manifest:
     conda:
         "../envs/ffcv.yaml"
     threads: 1
+    resources:
+        mem_mb=source_manifest_mem_mb,
+        runtime=source_manifest_runtime,
     params:
         spec=write_spec,
     script:

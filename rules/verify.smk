@@ -13,6 +13,9 @@ rule verify:
     conda:
         "../envs/ffcv.yaml"
     threads: 1
+    resources:
+        mem_mb=verify_mem_mb,
+        runtime=verify_runtime,
     params:
         spec=verify_spec,
         reader_build=reader_build,

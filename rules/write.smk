@@ -13,6 +13,9 @@ rule write:
     conda:
         "../envs/ffcv.yaml"
     threads: write_threads
+    resources:
+        mem_mb=write_mem_mb,
+        runtime=write_runtime,
     params:
         spec=write_spec,
     script:

@@ -465,18 +465,7 @@ def matrix(tmp_path_factory) -> tuple[Path, dict]:
     return workdir, json.loads((out_dir / "results.json").read_text())
 
 
-# Library bugs these cases found (kept as strict xfails until fixed).
-KNOWN_BUGS = {
-    "bad_ndarray_bigendian": (
-        "failure.py pickles the saved sample with the default protocol 4, which (numpy 2.4) turns a "
-        "big-endian array into a native one: `betonbuild repro` then says the sample passes (exit 0)"
-    ),
-}
-CASE_PARAMS = [
-    pytest.param(case, id=case_id, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[case_id])]
-                 if case_id in KNOWN_BUGS else [])
-    for case, case_id in zip(CASES, CASE_IDS)
-]
+CASE_PARAMS = [pytest.param(case, id=case_id) for case, case_id in zip(CASES, CASE_IDS)]
 
 
 @pytest.mark.parametrize("case", CASE_PARAMS)
@@ -693,13 +682,6 @@ KEEP_GOING_BAD = {
     # passes the smoke gate, fails in the full write (2 workers)
     "bad_full": ("arr", FULL_AT, "dtype float64 does not match the field's float32", "full"),
 }
-KEEP_GOING_BUGS = {
-    "bad_getitem": (
-        "preflight.inspect_samples calls source[index] outside CheckedDataset, so an exception in the "
-        "user's __getitem__ during the smoke stage escapes as a raw RuntimeError traceback "
-        "('unexpected error; traceback in logs/smoke/...'): no dataset/index message, no failure dir"
-    ),
-}
 
 
 @pytest.fixture(scope="module")
@@ -731,11 +713,7 @@ def test_keep_going_the_good_dataset_still_verifies(keep_going):
     assert (workdir / "results/good/good.beton").is_file()
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=[pytest.mark.xfail(strict=True, reason=KEEP_GOING_BUGS[name])]
-                 if name in KEEP_GOING_BUGS else [])
-    for name in KEEP_GOING_BAD
-])
+@pytest.mark.parametrize("name", KEEP_GOING_BAD)
 def test_keep_going_a_bad_sample_is_named_and_saved(keep_going, name: str):
     workdir, result, seconds = keep_going
     field, index, why, stage = KEEP_GOING_BAD[name]
