@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 from pathlib import Path
@@ -14,11 +15,31 @@ def temp_path_for(target: str | os.PathLike) -> Path:
     return target.with_name(f".{target.name}.tmp-{os.getpid()}")
 
 
+def remove_stale_temp_files(target: Path) -> None:
+    """Temp files of this target left by a process that no longer exists (killed with SIGKILL)."""
+    for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yields a temp path beside ``target``; renames it onto ``target`` if the block succeeds."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(target)
     tmp = temp_path_for(target)
     try:
         yield tmp

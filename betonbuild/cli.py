@@ -83,6 +83,21 @@ def _verify(args) -> int:
     return 0
 
 
+def _status(args) -> int:
+    from .spec import load_config_file
+    from .status import default_snakefile, status
+
+    snakefile = args.snakefile or str(default_snakefile())
+    configfile = args.configfile or os.path.join(args.directory, "config", "config.yaml")
+    datasets = list(load_config_file(configfile).datasets)
+    extra = ["-s", snakefile, "-d", args.directory]
+    if args.configfile:
+        extra += ["--configfile", args.configfile]
+    text, code = status(datasets, extra + args.snakemake_args)
+    print(text)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="betonbuild", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -104,7 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             p.add_argument("file")
         p.set_defaults(func=func)
+    p = sub.add_parser("status", help="which datasets are up to date, and why the others would rebuild")
+    p.add_argument("-s", "--snakefile", help="default: the Snakefile of this betonbuild checkout")
+    p.add_argument("-d", "--directory", default=".", help="the project directory (default: .)")
+    p.add_argument("--configfile", help="default: DIRECTORY/config/config.yaml")
+    p.add_argument("snakemake_args", nargs=argparse.REMAINDER, help="more snakemake arguments, after --")
+    p.set_defaults(func=_status)
     args = parser.parse_args(argv)
+    if getattr(args, "snakemake_args", None) and args.snakemake_args[0] == "--":
+        args.snakemake_args = args.snakemake_args[1:]
     try:
         return args.func(args)
     except BetonbuildError as exc:

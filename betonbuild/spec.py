@@ -154,7 +154,10 @@ def check_no_duplicate_keys(path: str | Path) -> None:
 
     StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     with open(path) as fh:
-        yaml.load(fh, Loader=StrictLoader)
+        try:
+            yaml.load(fh, Loader=StrictLoader)
+        except yaml.YAMLError as exc:
+            raise ConfigError(str(path), f"is not valid YAML: {exc}") from None
 
 
 def _validate_schema(config: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@ import re
 
 from snakemake.utils import validate
 
+from betonbuild.locks import clear_stale_locks, record_lock_owner
 from betonbuild.provenance import installed_ffcv_build
 from betonbuild.sources import input_files
 from betonbuild.spec import SCHEMA_PATH, check_no_duplicate_keys, load_config
@@ -13,6 +14,15 @@ CONFIG = load_config(config)
 validate(config, schema=str(SCHEMA_PATH))  # fills the schema's defaults into `config`
 RESULTS = CONFIG.results
 DATASETS = CONFIG.datasets
+
+if workflow.is_main_process:
+    _cleared = clear_stale_locks()
+    if _cleared:
+        logger.warning(f"betonbuild: {_cleared}")
+
+
+onstart:
+    record_lock_owner()
 
 
 wildcard_constraints:

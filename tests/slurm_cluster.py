@@ -80,15 +80,15 @@ def node_line() -> str:
     return re.sub(r"RealMemory=\d+", f"RealMemory={int(memory * MEMORY_FRACTION)}", line)
 
 
-def slurm_conf(root: Path, node: str) -> str:
+def slurm_conf(root: Path, node: str, ctld_port: int, slurmd_port: int) -> str:
     fields = dict(item.split("=", 1) for item in node.split())
     name, cpus, memory = fields["NodeName"], int(fields["CPUs"]), int(fields["RealMemory"])
     return f"""\
 # A single-node cluster for betonbuild's tests (tests/slurm_cluster.py). No accounting storage.
 ClusterName=betonbuild
 SlurmctldHost={name}(127.0.0.1)
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -112,6 +112,7 @@ MinJobAge={MIN_JOB_AGE}
 MailProg=/bin/true
 ReturnToService=2
 MpiDefault=none
+SlurmctldParameters=enable_configless
 {node} NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName={PARTITION} Nodes={name} Default=YES MaxTime=INFINITE State=UP
 """
@@ -124,22 +125,28 @@ class SlurmCluster:
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.processes: dict[str, subprocess.Popen] = {}
         self.node = ""
+        self.ctld_port = 0
 
     def start(self, timeout: float = 60) -> None:
         install_packages()
         for sub in ("state", "spool"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.node = node_line()
-        self.conf.write_text(slurm_conf(self.root, self.node))
+        self.ctld_port = free_port()
+        self.conf.write_text(slurm_conf(self.root, self.node, self.ctld_port, free_port()))
         self._start_munge()
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
-        self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf)])
+        # Configless, as many sites run: slurmd fetches slurm.conf from slurmctld and links it at
+        # /run/slurm/conf, where client commands inside jobs find it. (The slurm plugin's job step
+        # removes SLURM_CONF from the environment of the srun it starts.)
+        without_conf = {k: v for k, v in self.env.items() if k != "SLURM_CONF"}
+        self._spawn("slurmd", ["slurmd", "-D", "--conf-server", f"127.0.0.1:{self.ctld_port}"], env=without_conf)
         self._wait_until_idle(timeout)
 
-    def _spawn(self, name: str, cmd: list[str], **kwargs) -> None:
+    def _spawn(self, name: str, cmd: list[str], env: dict | None = None, **kwargs) -> None:
         log = open(self.root / f"{name}.out", "w")
         self.processes[name] = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env, **kwargs
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env or self.env, **kwargs
         )
         log.close()
 
