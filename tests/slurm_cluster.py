@@ -27,6 +27,7 @@ PARTITION = "compute"  # the partition profiles/*/config.yaml name in default-re
 MIN_JOB_AGE = 300  # >= 120 s: the slurm plugin trusts squeue only then (else it falls back to sacct)
 MEMORY_FRACTION = 0.9
 MUNGE_SOCKET_DIR = Path("/run/munge")
+CONFIGLESS_LINK = Path("/run/slurm/conf")  # slurmd's link to the slurm.conf it fetched
 
 
 class SlurmUnavailable(Exception):
@@ -228,6 +229,8 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=15)
+        if CONFIGLESS_LINK.is_symlink() and str(self.root) in os.readlink(CONFIGLESS_LINK):
+            CONFIGLESS_LINK.unlink()
 
 
 def main() -> None:
