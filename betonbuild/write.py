@@ -207,12 +207,11 @@ def _safe_writer_class():
             self.dataset_name = dataset.spec.name
             self.num_samples = num_samples
             self.prepare()
-            workqueue: Queue = Queue()
+            self.queues = [workqueue := Queue(), allocations_queue := Queue(), self.error_queue]
             for todo in queue_content:
                 workqueue.put(todo)
             for _ in range(self.num_workers):
                 workqueue.put(None)
-            allocations_queue: Queue = Queue()
             done_number = Value(ctypes.c_uint64, 0)
             allocator = MemoryAllocator(self.fname, self.data_region_start, self.page_size)
             worker_args = (dataset, self.error_queue, workqueue, self.metadata_sm,
@@ -285,6 +284,11 @@ def _safe_writer_class():
                 if p.exitcode is None:
                     p.kill()
                     p.join()
+            for q in getattr(self, "queues", []):
+                # Work left in a queue whose readers are gone would make this process wait for
+                # its feeder thread at exit: a hang after the error was already reported.
+                q.cancel_join_thread()
+                q.close()
             if self.metadata_sm is not None:
                 with contextlib.suppress(Exception):
                     self.metadata_sm.close()
