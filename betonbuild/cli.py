@@ -55,13 +55,23 @@ def _dataset(config_path: str, name: str):
     return datasets[name]
 
 
+def _manifest(spec, directory: str) -> str:
+    """The source manifest (and, for shards, the shard list) in a scratch directory."""
+    from .stages import make_shard_list, make_source_manifest
+
+    if spec.source["kind"] == "webdataset":
+        make_shard_list(spec, os.path.join(directory, "shards.json"))
+    manifest = os.path.join(directory, "source.json")
+    make_source_manifest(spec, manifest)
+    return manifest
+
+
 def _write(args) -> int:
-    from .stages import build, make_source_manifest
+    from .stages import build
 
     spec = _dataset(args.config, args.dataset)
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = os.path.join(tmp, "source.json")
-        make_source_manifest(spec, manifest)
+        manifest = _manifest(spec, tmp)
         record = build(spec, manifest, args.output, args.output + ".write.json", threads=args.workers,
                        smoke=args.smoke)
     print(json.dumps(record, indent=2))
@@ -69,12 +79,11 @@ def _write(args) -> int:
 
 
 def _verify(args) -> int:
-    from .stages import make_source_manifest, verify
+    from .stages import verify
 
     spec = _dataset(args.config, args.dataset)
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = os.path.join(tmp, "source.json")
-        make_source_manifest(spec, manifest)
+        manifest = _manifest(spec, tmp)
         report_path = os.path.join(tmp, "report.json")
         verify(spec, manifest, args.file, args.file + ".write.json", report_path, args.file + ".failed.verify.json",
                smoke=args.smoke)

@@ -3,7 +3,8 @@
 - digits.npz: sklearn ``load_digits``, 1797 real 8x8 handwritten digits (uint8 0..16) + labels;
 - faces/images.npy, faces/labels.npy: scikit-image ``lfw_subset``, 200 real 25x25 crops
   (float32; label 1 = face, 0 = not a face);
-- photos/<photo>/<crop>.png: 256x256 crops of the colour photographs bundled by both packages.
+- photos/<photo>/<crop>.png: 256x256 crops of the colour photographs bundled by both packages;
+- wds/photos-000N.tar: the same crops as WebDataset shards (JPEG, class label, JSON metadata).
 The wine table is read at build time by ``adapters/tables.py`` (a user-style python factory).
 """
 
@@ -67,6 +68,28 @@ def write_faces(images_path: Path, labels_path: Path) -> None:
     for path, array in ((images_path, faces), (labels_path, labels)):
         with atomic_path(path) as tmp, open(tmp, "wb") as fh:
             np.save(fh, array)
+
+
+def write_photo_shards(paths: list[str]) -> None:
+    """The same crops as WebDataset shards (jpg + cls + json members), spread over ``paths``."""
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+
+    samples = []
+    for label, (name, image) in enumerate(sorted(colour_photos().items())):
+        for k, crop in enumerate(crops(image)):
+            jpeg = io.BytesIO()
+            Image.fromarray(crop).save(jpeg, format="JPEG", quality=95)
+            samples.append({"__key__": f"{name}_{k}", "jpg": jpeg.getvalue(), "cls": label,
+                            "json": {"photo": name, "crop": k}})
+    per_shard = -(-len(samples) // len(paths))
+    for i, path in enumerate(paths):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp, wds.TarWriter(str(tmp)) as sink:
+            for sample in samples[i * per_shard : (i + 1) * per_shard]:
+                sink.write(sample)
 
 
 def write_photos(root: Path) -> None:

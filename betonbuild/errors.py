@@ -26,17 +26,21 @@ class SourceError(BetonbuildError):
 class SampleError(BetonbuildError):
     """One value of one sample breaks the field's contract. Names dataset, field and source index."""
 
-    def __init__(self, dataset: str, field: str | None, index: int | None, why: str, fix: str = ""):
+    def __init__(self, dataset: str, field: str | None, index: int | None, why: str, fix: str = "",
+                 location: str | None = None):
         self.dataset = dataset
         self.field = field
         self.index = index
         self.why = why
         self.fix = fix
+        self.location = location  # e.g. "shard data/wds/train-0003.tar, key 000123"
         where = f"dataset '{dataset}'"
         if field is not None:
             where += f", field '{field}'"
         if index is not None:
             where += f", sample index {index}"
+        if location:
+            where += f" ({location})"
         message = f"{where}: {why}"
         if fix:
             message += f". Fix: {fix}"
@@ -44,7 +48,7 @@ class SampleError(BetonbuildError):
 
     def __reduce__(self):
         # Keeps the structured fields when the error crosses a process boundary.
-        return (type(self), (self.dataset, self.field, self.index, self.why, self.fix))
+        return (type(self), (self.dataset, self.field, self.index, self.why, self.fix, self.location))
 
 
 class WriteError(BetonbuildError):

@@ -2,7 +2,8 @@
 
 - ``arrays``: columns of an .npz file, or one .npy file per column (memory-mapped);
 - ``image_folder``: ``root/<class>/<file>`` -> (PIL image, class index), classes = sorted folder names;
-- ``python``: the user's ``module:factory(**args)``, imported with the working directory on sys.path.
+- ``python``: the user's ``module:factory(**args)``, imported with the working directory on sys.path;
+- ``webdataset``: local .tar shards, indexed through their derived shard list (see ``wds``).
 
 Paths are relative to the working directory (Snakemake's ``--directory``), so users keep data and
 config outside this repository.
@@ -146,9 +147,10 @@ def adapter_files(spec: DatasetSpec) -> list[str]:
 
     Found without importing the module itself (parent packages are imported by find_spec).
     """
-    if spec.source["kind"] != "python":
+    reference = spec.source.get("factory") or spec.source.get("pipeline")
+    if not reference:
         return []
-    module_name = spec.source["factory"].split(":")[0]
+    module_name = reference.split(":")[0]
     _ensure_workdir_importable()
     try:
         found = importlib.util.find_spec(module_name)
@@ -170,11 +172,34 @@ def _ensure_workdir_importable() -> None:
         sys.path.insert(0, cwd)
 
 
-SOURCE_KINDS = {"arrays": ArraysSource, "image_folder": ImageFolderSource, "python": PythonSource}
+SHARD_LIST = "shards.json"
 
 
-def open_source(spec: DatasetSpec):
-    return SOURCE_KINDS[spec.source["kind"]](spec)
+def open_source(spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None):
+    """The dataset's source; a webdataset source also needs the shard list in ``dataset_dir``."""
+    kind = spec.source["kind"]
+    if kind == "webdataset":
+        from .wds import WebDatasetSource
+
+        if dataset_dir is None:
+            raise ValueError("a webdataset source is opened from its shard list: give dataset_dir")
+        return WebDatasetSource(spec, Path(dataset_dir) / SHARD_LIST)
+    return {"arrays": ArraysSource, "image_folder": ImageFolderSource, "python": PythonSource}[kind](spec)
+
+
+def source_fingerprint(spec: DatasetSpec, source) -> dict[str, Any]:
+    """What the manifest records of the inputs: a content digest that changes when any input does."""
+    if spec.source["kind"] != "webdataset":
+        return fingerprint_files(source.files)
+    # The shard list already holds every shard's sha256: no need to read the shards again.
+    combined = hashlib.sha256()
+    for entry in source.entries:
+        combined.update(f"{entry['path']}\0{entry['size']}\0{entry['sha256']}\n".encode())
+    adapters = fingerprint_files(adapter_files(spec))
+    combined.update(adapters["sha256"].encode())
+    return {"files": len(source.entries) + adapters["files"],
+            "bytes": int(sum(e["size"] for e in source.entries)) + adapters["bytes"],
+            "sha256": combined.hexdigest()}
 
 
 def input_files(spec: DatasetSpec) -> list[str]:
@@ -182,6 +207,8 @@ def input_files(spec: DatasetSpec) -> list[str]:
     src = spec.source
     if src["kind"] == "arrays":
         return [src["path"]] if "path" in src else [src["columns"][n] for n in spec.field_names]
+    if src["kind"] == "webdataset":
+        return adapter_files(spec)  # the shards are inputs of the shard list, which the manifest reads
     if src["kind"] == "image_folder":
         root = Path(src["root"])
         if not root.is_dir():

@@ -26,6 +26,7 @@ MAX_PAGE_SIZE = 1 << 32  # exclusive: the header stores page_size as <u4
 FIXED_SIZE_TYPES = ("int", "float", "ndarray", "torch_tensor")
 TORCH_DTYPES = ("float16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool")
 _SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # http:, s3:, gs:, pipe:, file: ...
 _RANGE_RE = re.compile(r"^\s*(\d*)\s*:\s*(\d*)\s*(?::\s*(\d+)\s*)?$")
 
 
@@ -195,6 +196,12 @@ def _dataset_spec(name: str, entry: dict[str, Any]) -> DatasetSpec:
             f"has {len(sample_keys)} keys but there are {len(fields)} fields; give one key per field, in field order",
         )
     _check_source(f"{where}.source", entry["source"], fields)
+    if entry["source"]["kind"] == "webdataset" and (entry["writer"]["shuffle"] or entry["writer"]["indices"] is not None):
+        raise ConfigError(
+            f"{where}.writer",
+            "a webdataset source is written in shard order: shuffle and indices are not supported "
+            "(shuffle at load time with ffcv's Loader, order=RANDOM)",
+        )
     return DatasetSpec(
         name=name,
         source=entry["source"],
@@ -277,6 +284,20 @@ def _check_source(where: str, source: dict[str, Any], fields: tuple[FieldSpec, .
                 raise ConfigError(f"{where}.columns", f"without `path` every column is a .npy file; got {bad}")
         elif not source["path"].endswith(".npz"):
             raise ConfigError(f"{where}.path", f"{source['path']!r} must be an .npz file (or give .npy columns)")
+    elif source["kind"] == "webdataset":
+        shards = [source["shards"]] if isinstance(source["shards"], str) else source["shards"]
+        for pattern in shards:
+            if _URL_RE.match(pattern):
+                raise ConfigError(
+                    f"{where}.shards",
+                    f"{pattern!r} is a URL; betonbuild reads local shard files only (obtaining shards is not "
+                    "its job: download them first, then list the local paths)",
+                )
+        if not shards:
+            raise ConfigError(f"{where}.shards", "lists no shard")
+        unknown = [k for k in (source.get("keys") or {}) if k not in names]
+        if unknown:
+            raise ConfigError(f"{where}.keys", f"names {unknown}, which are not fields {names}")
     elif source["kind"] == "image_folder":
         types = [f.type for f in fields]
         if types != ["rgb_image", "int"]:

@@ -19,7 +19,7 @@ from .errors import SampleError, SourceError, VerificationError
 from .failure import clear_failure, save_failure
 from .preflight import inspect_samples, largest_rows
 from .provenance import ffcv_build
-from .sources import fingerprint_files, open_source
+from .sources import open_source, source_fingerprint
 from .spec import DatasetSpec, resolve_indices, smoke_positions
 from .verify import verify_beton
 from .write import resolve_workers, write_beton
@@ -29,9 +29,18 @@ def _digest(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array, dtype="<i8").tobytes()).hexdigest()
 
 
+def make_shard_list(spec: DatasetSpec, shard_list_path: str) -> dict[str, Any]:
+    """results/{ds}/shards.json of a webdataset source (counts cached beside it, per shard)."""
+    from .wds import shard_list
+
+    listing = shard_list(spec, Path(shard_list_path).with_name(".shards-cache.json"))
+    write_json(shard_list_path, listing)
+    return listing
+
+
 def make_source_manifest(spec: DatasetSpec, manifest_path: str) -> dict[str, Any]:
     """results/{ds}/source.json: length, final sample order and a fingerprint of the inputs."""
-    source = open_source(spec)
+    source = open_source(spec, Path(manifest_path).parent)
     order = resolve_indices(spec.writer, len(source), spec.name)
     manifest = {
         "dataset": spec.name,
@@ -39,11 +48,21 @@ def make_source_manifest(spec: DatasetSpec, manifest_path: str) -> dict[str, Any
         "length": len(source),
         "num_samples": int(len(order)),
         "order_sha256": _digest(order),
-        "inputs": fingerprint_files(source.files),
+        "inputs": source_fingerprint(spec, source),
         "source": spec.source,
     }
     write_json(manifest_path, manifest)
     return manifest
+
+
+def shard_work_items(source, rows: np.ndarray) -> list | None:
+    """For shards: one work item per shard, so each shard is opened and read once, by one worker."""
+    if not hasattr(source, "location"):
+        return None
+    items: dict[int, list[tuple[int, int]]] = {}
+    for dest, index in enumerate(rows.tolist()):
+        items.setdefault(source.location(index)[0], []).append((dest, index))
+    return list(items.values())
 
 
 def rows_to_write(spec: DatasetSpec, source, manifest_path: str, smoke: bool) -> np.ndarray:
@@ -72,7 +91,7 @@ def build(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: s
     The smoke stage first inspects its samples and the largest ones (``inspect_path``). A bad
     sample is saved under ``results/{ds}/failure/`` for ``betonbuild repro``.
     """
-    source = open_source(spec)
+    source = open_source(spec, Path(manifest_path).parent)
     rows = rows_to_write(spec, source, manifest_path, smoke)
     failure_dir = Path(beton_path).parent / "failure"
     stage = "smoke" if smoke else "full"
@@ -82,7 +101,8 @@ def build(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: s
             write_json(inspect_path, inspect_samples(spec, source, np.concatenate([rows, largest_rows(source, order)])))
         # The smoke file is written by one worker: byte-identical across runs, and fastest to fail.
         workers = 1 if smoke else resolve_workers(spec.writer.num_workers, threads)
-        record = write_beton(spec, source, rows, beton_path, workers, label=f"{spec.name} ({stage})", log=log)
+        record = write_beton(spec, source, rows, beton_path, workers, label=f"{spec.name} ({stage})", log=log,
+                             work_items=shard_work_items(source, rows))
     except SampleError as exc:
         saved = save_failure(failure_dir, spec, source, exc, stage)
         exc.args = (f"{exc}\nThe failing sample is saved in {saved}; replay it with: betonbuild repro {saved}",)
@@ -100,7 +120,7 @@ def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: 
     Otherwise the report is kept at ``failed_report_path`` (Snakemake deletes a failed job's outputs)
     and a VerificationError names the worst finding.
     """
-    source = open_source(spec)
+    source = open_source(spec, Path(manifest_path).parent)
     rows = rows_to_write(spec, source, manifest_path, smoke)
     with open(record_path) as fh:
         record = json.load(fh)

@@ -144,8 +144,8 @@ def _worker_job(dataset: CheckedDataset, error_queue: Queue, input_queue, metada
             for dest_ix, source_ix in chunk:
                 sample = dataset[source_ix]
                 handle_sample(sample, dest_ix, field_names, metadata, allocator, fields)
-            with done_number.get_lock():
-                done_number.value += len(chunk)
+                with done_number.get_lock():  # per sample: a work item may be a whole shard
+                    done_number.value += 1
         allocator.__exit__(None, None, None)
         allocations_queue.put(allocator.allocations)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
@@ -338,8 +338,13 @@ def write_beton(
     num_workers: int,
     label: str | None = None,
     log=None,
+    work_items: list[list[tuple[int, int]]] | None = None,
 ) -> dict[str, Any]:
-    """Writes ``source[order[i]]`` as sample i of ``target``; returns a record of the write."""
+    """Writes ``source[order[i]]`` as sample i of ``target``; returns a record of the write.
+
+    ``work_items`` (lists of (sample, source index)) replaces the even chunks of ``chunksize``,
+    e.g. one item per webdataset shard so each shard is read once, by one worker.
+    """
     log = log or sys.stderr
     dataset = CheckedDataset(spec, source)
     fields = build_fields(spec)
@@ -351,7 +356,10 @@ def write_beton(
         writer = writer_class(str(tmp), fields, page_size=spec.writer.page_size, num_workers=num_workers,
                               progress=progress)
         try:
-            writer.from_indexed_dataset(dataset, indices=order, chunksize=spec.writer.chunksize)
+            if work_items is None:
+                writer.from_indexed_dataset(dataset, indices=order, chunksize=spec.writer.chunksize)
+            else:
+                writer._write_common(len(order), work_items, None, (dataset,))
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
                 raise disk_full_error(spec.name, exc) from exc

@@ -5,6 +5,7 @@ from snakemake.utils import validate
 from betonbuild.locks import clear_stale_locks, record_lock_owner
 from betonbuild.provenance import installed_ffcv_build
 from betonbuild.sources import input_files
+from betonbuild.wds import expand_shards
 from betonbuild.spec import SCHEMA_PATH, check_no_duplicate_keys, load_config
 
 # Our own checks first: they name the dataset and key (e.g. a field name longer than 16 bytes).
@@ -51,8 +52,30 @@ def all_outputs():
 
 
 def source_inputs(wildcards):
-    """The files a dataset is read from, and the user's adapter module: editing them rebuilds it."""
-    return input_files(DATASETS[wildcards.ds])
+    """The files a dataset is read from, and the user's adapter module: editing them rebuilds it.
+
+    A webdataset source is read through its shard list (whose inputs are the shards)."""
+    spec = DATASETS[wildcards.ds]
+    shards = (
+        [result("shards.json").format(ds=wildcards.ds)] if is_webdataset(spec) else []
+    )
+    return shards + input_files(spec)
+
+
+def is_webdataset_without_package(spec):
+    import importlib.util
+
+    return is_webdataset(spec) and importlib.util.find_spec("webdataset") is None
+
+
+def is_webdataset(spec):
+    return spec.source["kind"] == "webdataset"
+
+
+def shard_files(wildcards):
+    """The local .tar shards of a webdataset source (brace patterns and globs expanded)."""
+    spec = DATASETS[wildcards.ds]
+    return expand_shards(spec) if is_webdataset(spec) else []
 
 
 def manifest(wildcards):
@@ -100,3 +123,11 @@ def reader_build(wildcards):
 def write_threads(wildcards):
     workers = DATASETS[wildcards.ds].writer.num_workers
     return workflow.cores if workers < 1 else min(workers, workflow.cores)
+
+
+for _name, _spec in DATASETS.items():
+    if is_webdataset_without_package(_spec):
+        logger.warning(
+            f"dataset '{_name}' reads WebDataset shards but the optional package `webdataset` is not "
+            "installed: its jobs will fail; the other datasets still build with --keep-going"
+        )

@@ -5,6 +5,7 @@ rule demo_data:
         faces_images="data/demo/faces/images.npy",
         faces_labels="data/demo/faces/labels.npy",
         photos=directory("data/demo/photos"),
+        shards=expand("data/demo/wds/photos-{shard:04d}.tar", shard=range(4)),
     log:
         "logs/demo_data.log",
     benchmark:

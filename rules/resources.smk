@@ -2,6 +2,7 @@
 # that a cluster scheduler can pack jobs. A profile overrides any of them per rule, e.g.
 #   set-resources: {write: {mem_mb: 64000, runtime: 600}}   set-threads: {write: 16}
 #
+# Threads are the rules' own (`threads:`): 1, and for write writer.num_workers, at most --cores.
 # What a job holds in RAM:
 #   every job          one Python process that imported ffcv, torch and numba (PROCESS_MB)
 #   + an .npz source   its arrays, loaded whole (.npy columns are memory-mapped, images read lazily)
@@ -9,7 +10,7 @@
 #   write, smoke       + the metadata table in shared memory (samples x record size)
 #                      + per worker (the job's threads) one page buffer and one forked process
 #   verify(_smoke)     + the metadata table, + what it decodes: fixed-size fields in chunks (every
-#                      sample's for a python source), one ffcv.Loader batch of decoded samples
+#                      sample's at once for python and webdataset sources), one ffcv.Loader batch
 # Both are multiplied by the attempt: with `retries` in the profile, a job killed for running out
 # of memory or time is resubmitted asking for more.
 #
@@ -33,7 +34,9 @@ WORKER_MB = 256  # a forked writer worker, beyond its page buffer
 ORDER_BYTES_PER_SAMPLE = 16  # the index range and its seeded permutation, int64 each
 PYTHON_VALUE_BYTES = 160  # a numpy value in a Python list (verifying a python source)
 LOADER_COPIES = 2  # ffcv.Loader's batch buffer and our decoded copy of it
-UNKNOWN_LENGTH = 1_000_000  # a python source's length before its manifest exists
+UNKNOWN_LENGTH = (
+    1_000_000  # a python/webdataset source's length before its manifest exists
+)
 MIN_RUNTIME = 10  # minutes: start-up, imports, numba compilation, a loaded file system
 SAFETY = 2  # the runtime estimates below are multiplied by this
 READ_MB_PER_S = 100  # hashing or reading files on a shared file system
@@ -99,7 +102,7 @@ def num_samples(spec, input):
     if manifest:
         return int(manifest["num_samples"])
     arrays = _source_arrays(spec)
-    if arrays:
+    if arrays and arrays[0][0]:
         length = arrays[0][0][0]
     elif spec.source["kind"] == "image_folder":
         length = len(input_files(spec))
@@ -173,7 +176,10 @@ def _write_mb(spec, samples, workers):
 
 def _verify_mb(spec, samples):
     table = samples * record_bytes(spec)
-    if spec.source["kind"] == "python":
+    if spec.source["kind"] not in (
+        "arrays",
+        "image_folder",
+    ):  # values gathered one by one
         n_fixed = sum(f.is_fixed_size for f in spec.fields)
         fixed = samples * (2 * fixed_bytes(spec) + n_fixed * PYTHON_VALUE_BYTES)
     else:
@@ -213,9 +219,9 @@ def source_manifest_mem_mb(wildcards, input, attempt):
 
 
 def source_manifest_runtime(wildcards, input, attempt):
-    """Every input file is read once and hashed."""
-    spec = _spec(wildcards)
-    return _minutes(_input_bytes(spec, input) / MB / READ_MB_PER_S, attempt)
+    """Every input file of the job is read once and hashed (also the shards, by shard_list)."""
+    nbytes = sum(os.path.getsize(path) for path in input if os.path.isfile(path))
+    return _minutes(nbytes / MB / READ_MB_PER_S, attempt)
 
 
 def write_mem_mb(wildcards, input, threads, attempt):

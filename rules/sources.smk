@@ -1,3 +1,27 @@
+rule shard_list:
+    """A webdataset source's shards: size, mtime, sha256, sample count and keys of each, counted
+    from tar headers without decoding (cached per shard, so one changed shard is recounted alone).
+    """
+    input:
+        shard_files,
+    output:
+        shards=result("shards.json"),
+    log:
+        log_path("shard_list"),
+    benchmark:
+        benchmark_path("shard_list")
+    conda:
+        "../envs/ffcv.yaml"
+    threads: 1
+    resources:
+        mem_mb=source_manifest_mem_mb,
+        runtime=source_manifest_runtime,
+    params:
+        spec=write_spec,
+    script:
+        "../scripts/shard_list.py"
+
+
 checkpoint source_manifest:
     """Length, final sample order and a content fingerprint of the dataset's inputs.
 

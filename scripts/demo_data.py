@@ -1,7 +1,7 @@
 import sys
 
 sys.path.insert(0, snakemake.scriptdir + "/..")  # the conda route imports betonbuild from this checkout
-from betonbuild.demo import write_digits, write_faces, write_photos
+from betonbuild.demo import write_digits, write_faces, write_photo_shards, write_photos
 from betonbuild.rulescript import run
 
 
@@ -9,6 +9,7 @@ def materialise():
     write_digits(snakemake.output.digits)
     write_faces(snakemake.output.faces_images, snakemake.output.faces_labels)
     write_photos(snakemake.output.photos)
+    write_photo_shards(snakemake.output.shards)
 
 
 run(snakemake, materialise)

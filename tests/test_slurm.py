@@ -64,7 +64,7 @@ def project(workdir: Path, names: list[str]) -> Path:
 
 def assert_verified(workdir: Path, names: list[str]) -> None:
     for name in names:
-        for report in (f"smoke.verify.json", f"{name}.verify.json"):
+        for report in ("smoke.verify.json", f"{name}.verify.json"):
             rep = json.loads((workdir / "results" / name / report).read_text())
             assert rep["ok"] is True, (name, report, rep["worst"])
         assert json.loads((workdir / "results" / name / f"{name}.verify.json").read_text())["num_samples"] == {
