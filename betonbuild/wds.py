@@ -195,13 +195,7 @@ class WebDatasetSource:
         try:
             return next(self._cursor[2])
         except StopIteration:
-            raise SampleError(
-                self.spec.name, None, index,
-                f"shard {path} yielded only {local} samples, but the shard list counted {self.counts[shard]}; "
-                "it changed since it was listed, or the pipeline is not deterministic",
-                "run snakemake again (the shard list is derived again when a shard changes)",
-                location=f"shard {path}",
-            ) from None
+            raise self._count_mismatch(shard, index, found=local) from None
         except SampleError:
             raise
         except Exception as exc:
@@ -224,15 +218,16 @@ class WebDatasetSource:
 
     def _check_exhausted(self, shard: int, index: int) -> None:
         """After a shard's last listed sample there must be no other: never overrun into the next shard."""
-        try:
-            next(self._cursor[2])
-        except StopIteration:
-            self._cursor = None
-            return
+        extra = sum(1 for _ in self._cursor[2])
+        self._cursor = None
+        if extra:
+            raise self._count_mismatch(shard, index, found=int(self.counts[shard]) + extra)
+
+    def _count_mismatch(self, shard: int, index: int, found: int) -> SampleError:
         path = self.entries[shard]["path"]
-        raise SampleError(
+        return SampleError(
             self.spec.name, None, index,
-            f"shard {path} yields more samples than the {self.counts[shard]} the shard list counted; "
+            f"shard {path} yields {found} samples, but the shard list counted {self.counts[shard]}; "
             "it changed since it was listed, or the pipeline is not deterministic",
             "run snakemake again (the shard list is derived again when a shard changes)",
             location=f"shard {path}",
