@@ -5,6 +5,9 @@
 configfile: "config/config.yaml"
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/resources.smk"
 include: "rules/demo.smk"
@@ -12,11 +15,13 @@ include: "rules/sources.smk"
 include: "rules/smoke.smk"
 include: "rules/write.smk"
 include: "rules/verify.smk"
+include: "rules/report.smk"
 
 
 localrules:
     all,
     demo_data,
+    report_assets,
 
 
 rule all:

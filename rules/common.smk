@@ -48,7 +48,17 @@ def all_outputs():
     for name in DATASETS:
         outputs.append(f"{RESULTS}/{name}/{name}.beton")
         outputs.append(f"{RESULTS}/{name}/{name}.verify.json")
+        outputs.append(f"{RESULTS}/{name}/report/preview.png")
+        outputs.append(f"{RESULTS}/{name}/report/summary.html")
     return outputs
+
+
+def stage_benchmarks(wildcards):
+    """The benchmark files of the dataset's build stages: the report's timings table."""
+    stages = ["source_manifest", "smoke", "verify_smoke", "write", "verify"]
+    if is_webdataset(DATASETS[wildcards.ds]):
+        stages.insert(0, "shard_list")
+    return [benchmark_path(stage).format(ds=wildcards.ds) for stage in stages]
 
 
 def source_inputs(wildcards):
