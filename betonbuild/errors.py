@@ -61,3 +61,7 @@ class BetonFormatError(BetonbuildError):
 
 class VerificationError(BetonbuildError):
     """The read-back report found the file does not match its source."""
+
+
+class MergeError(BetonbuildError):
+    """Part files cannot be merged into one .beton; the message names the part and what differs."""

@@ -7,7 +7,7 @@ import numpy as np
 from .spec import DatasetSpec, FieldSpec
 
 # ffcv's descriptor type ids (ffcv/types.py TYPE_ID_HANDLER); 255 = any other class.
-TYPE_IDS = {"float": 0, "int": 1, "rgb_image": 2, "bytes": 3, "ndarray": 4, "json": 5, "torch_tensor": 6}
+TYPE_IDS = {"float": 0, "int": 1, "rgb_image": 2, "bytes": 3, "ndarray": 4, "json": 5, "torch_tensor": 6, "custom": 255}
 
 
 def torch_dtype(name: str):
@@ -40,12 +40,27 @@ def build_field(spec: FieldSpec):
         return fields.BytesField()
     if spec.type == "json":
         return fields.JSONField()
+    if spec.type == "custom":
+        from .custom import build
+
+        return build(spec)
     raise ValueError(f"unknown field type {spec.type!r}")  # the schema makes this unreachable
 
 
 def build_fields(spec: DatasetSpec) -> dict:
     """Ordered mapping name -> Field: the order is the order of values in every sample."""
     return {f.name: build_field(f) for f in spec.fields}
+
+
+def metadata_type(field: FieldSpec) -> np.dtype:
+    """The field's metadata record type in the .beton (a custom field's class declares its own)."""
+    from .beton import METADATA_TYPES
+
+    if field.type == "custom":
+        from .custom import build
+
+        return np.dtype(build(field).metadata_type)
+    return METADATA_TYPES[TYPE_IDS[field.type]]
 
 
 def sample_dtype(field: FieldSpec) -> np.dtype:

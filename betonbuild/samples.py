@@ -259,6 +259,16 @@ def _numpy_to_python(value: Any) -> Any:
     return value
 
 
+def _check_custom(field: FieldSpec, value: Any, fail: Callable[..., SampleError]) -> Any:
+    """Custom values pass through as they are; only their encode must not fail (it would kill ffcv's worker)."""
+    from .custom import encode_problem
+
+    problem = encode_problem(field, value)
+    if problem:
+        raise fail(problem, "return a value the class's encode accepts, or fix the class")
+    return value
+
+
 _CHECKS = {
     "int": _check_int,
     "float": _check_float,
@@ -267,4 +277,5 @@ _CHECKS = {
     "rgb_image": _check_rgb_image,
     "bytes": _check_bytes,
     "json": _check_json,
+    "custom": _check_custom,
 }

@@ -210,7 +210,8 @@ def _dataset_spec(name: str, entry: dict[str, Any]) -> DatasetSpec:
         writer=_writer_spec(f"{where}.writer", entry["writer"]),
         smoke_samples=int(entry["smoke"]["samples"]),
         verify={**entry["verify"], "samples": int(entry["verify"]["samples"]),
-                "loader_batch": int(entry["verify"]["loader_batch"])},
+                "loader_batch": int(entry["verify"]["loader_batch"]),
+                "full_max_samples": int(entry["verify"]["full_max_samples"])},
     )
 
 
@@ -246,6 +247,10 @@ def _field_spec(where: str, name: str, entry: dict[str, Any]) -> FieldSpec:
             "as JPEG); "
             "without it ffcv stores raw and wastes a JPEG encode per image",
         )
+    elif kind == "custom":
+        from .custom import validate
+
+        validate(here, options)  # the class must resolve and accept its args: a config error otherwise
     if kind in ("ndarray", "torch_tensor"):
         options["shape"] = [int(s) for s in options["shape"]]
     return FieldSpec(name=name, type=kind, options=options)
