@@ -109,7 +109,8 @@ class BetonFile:
         self.size = os.path.getsize(self.path)
         if self.size < HEADER_TYPE.itemsize:
             raise BetonFormatError(f"{self.path}: {self.size} bytes is too small for a .beton header")
-        self.mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+        # A plain ndarray view of the mapping: slicing np.memmap runs Python code on every access.
+        self.mm = np.memmap(self.path, dtype=np.uint8, mode="r").view(np.ndarray)
         header = self.mm[: HEADER_TYPE.itemsize].view(HEADER_TYPE)[0]
         self.version = int(header["version"])
         self.num_fields = int(header["num_fields"])
@@ -662,3 +663,101 @@ def bytes_per_field(beton: BetonFile) -> dict[str, dict[str, int]]:
         custom = int(beton._custom_allocations[2].sum(dtype=np.uint64))
         out["(custom allocations)"] = {"metadata": 0, "data": custom}
     return out
+
+
+# --- a description of any .beton (``betonbuild inspect``) -------------------------------------------
+
+
+def describe(beton: BetonFile, samples: int = 3, digest: bool = False) -> dict[str, Any]:
+    """Header, fields with decoded arguments, layout, pages, bytes per field, structure, first samples."""
+    per_field = bytes_per_field(beton)
+    n = beton.num_samples
+    fields = []
+    for info in beton.fields:
+        stored = per_field[info.name]
+        fields.append({
+            "name": info.name, "type": info.type_name, "type_id": info.type_id,
+            "arguments": info.describe_arguments(),
+            "metadata_bytes": stored["metadata"], "data_bytes": stored["data"],
+            "data_bytes_per_sample": round(stored["data"] / n, 1) if n else 0.0,
+            **({"image_modes": _image_modes(beton, info)} if info.type_id == 2 else {}),
+        })
+    checks = structural_checks(beton)
+    out = {
+        "file": beton.path,
+        "bytes": beton.size,
+        "header": {"version": beton.version, "page_size": beton.page_size, "num_samples": n,
+                   "num_fields": beton.num_fields, "alloc_table_ptr": beton.alloc_table_ptr},
+        "layout": {
+            "descriptors": [HEADER_TYPE.itemsize, beton.metadata_start],
+            "metadata": [beton.metadata_start, beton.metadata_end],
+            "metadata_record_bytes": beton.metadata_type.itemsize,
+            "data_region": [min(beton.data_start, beton.alloc_table_ptr), beton.alloc_table_ptr],
+            "allocation_table": [beton.alloc_table_ptr, beton.size],
+            **page_usage(beton),
+        },
+        "fields": fields,
+        "structure_ok": all(c["ok"] for c in checks),
+        "structure": checks,
+        "samples": [{"index": row, "fields": {info.name: summarise(beton, info, row) for info in beton.fields}}
+                    for row in range(min(max(samples, 0), n))],
+    }
+    if digest:
+        from .digest import content_digest
+
+        out["content_digest"] = content_digest(beton)
+    return out
+
+
+def _image_modes(beton: BetonFile, info: FieldInfo) -> dict[str, int]:
+    modes = beton.metadata[info.name]["mode"]
+    jpeg, raw = int((modes == IMAGE_MODE_JPEG).sum()), int((modes == IMAGE_MODE_RAW).sum())
+    return {"jpeg": jpeg, "raw": raw, **({"unknown": len(modes) - jpeg - raw} if len(modes) - jpeg - raw else {})}
+
+
+def summarise(beton: BetonFile, info: FieldInfo, row: int) -> Any:
+    """A short, JSON-able summary of one stored value; a corrupt value is described, not raised."""
+    try:
+        return _summary(beton, info, row)
+    except BetonFormatError as exc:
+        return f"unreadable: {str(exc).removeprefix(beton.path + ': ')}"
+
+
+def _summary(beton: BetonFile, info: FieldInfo, row: int) -> Any:
+    record = beton.metadata[info.name][row]
+    if info.type_id == 1:
+        return int(record)
+    if info.type_id == 0:
+        value = float(record)
+        return value if np.isfinite(value) else str(value)
+    if info.type_id in (4, 6):
+        array = beton.ndarray_column(info.name, np.array([row]))[0]
+        text = f"{array.dtype}{list(array.shape)}"
+        if array.dtype.kind in "biuf" and array.size:
+            with np.errstate(all="ignore"):
+                flat = array.astype(np.float64).reshape(-1)
+            text += f" min={np.nanmin(flat):.6g} max={np.nanmax(flat):.6g} mean={np.nanmean(flat):.6g}" \
+                if not np.isnan(flat).all() else " all NaN"
+        return text
+    if info.type_id == 3:
+        payload = bytes(beton.variable_payload(info.name, row))
+        return f"{len(payload)} bytes: {payload[:16].hex(' ')}{' ...' if len(payload) > 16 else ''}"
+    if info.type_id == 5:
+        text = json.dumps(decode_json(beton.variable_payload(info.name, row)), separators=(",", ":"))
+        return text if len(text) <= 80 else text[:77] + "..."
+    if info.type_id == 2:
+        mode = int(record["mode"])
+        kind = {IMAGE_MODE_JPEG: "jpeg", IMAGE_MODE_RAW: "raw"}.get(mode, f"mode {mode}")
+        size = len(beton.variable_payload(info.name, row))
+        return f"{kind} {int(record['width'])}x{int(record['height'])}, {size} bytes"
+    handler = info.handler
+    if handler is not None and hasattr(handler, "decode"):
+        payloads = [np.asarray(beton.read(p, s)) for p, s in beton.custom_allocations(row)]
+        try:
+            value = handler.decode(record, payloads)
+        except Exception as exc:  # noqa: BLE001 - the class's own decode of hostile bytes
+            return f"unreadable: {type(handler).__name__}.decode raised {type(exc).__name__}: {exc}"
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    raw = beton.record_bytes(info.name, row)
+    return f"record {raw[:16].hex(' ')}{' ...' if len(raw) > 16 else ''}"

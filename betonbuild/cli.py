@@ -13,24 +13,83 @@ from .errors import BetonbuildError
 
 
 def _inspect(args) -> int:
-    from .beton import BetonFile
+    """Any .beton, also one betonbuild did not write; custom fields need --custom to show their values."""
+    from .beton import BetonFile, UnregisteredCustomField, describe
 
-    beton = BetonFile(args.file)
-    info = {
-        "file": args.file,
-        "bytes": beton.size,
-        "version": beton.version,
-        "page_size": beton.page_size,
-        "num_samples": beton.num_samples,
-        "allocations": int(beton.alloc_table.size),
-        "fields": [
-            {"name": f.name, "type": f.type_name, "type_id": f.type_id,
-             **({"dtype": f.dtype.str, "shape": list(f.shape)} if f.dtype is not None else {})}
-            for f in beton.fields
-        ],
-    }
-    print(json.dumps(info, indent=2))
-    return 0
+    handlers = _custom_classes(args.custom)
+    try:
+        info = describe(BetonFile(args.file, custom_handlers=handlers), samples=args.samples, digest=args.digest)
+    except UnregisteredCustomField as exc:
+        info = {"file": args.file, "header": exc.header,
+                "fields": [{"name": f.name, "type": f.type_name, "type_id": f.type_id,
+                            **({"arguments": f.describe_arguments()} if f.type_id != 255 else {})}
+                           for f in exc.fields],
+                "incomplete": str(exc)}
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        print(_inspect_text(info))
+    return 2 if info.get("structure_ok") is False else 0
+
+
+def _custom_classes(items: list[str]) -> dict[str, type]:
+    from .custom import load_class
+
+    classes = {}
+    for item in items or []:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise BetonbuildError(f"--custom {item!r}: write NAME=pkg.module:Class")
+        classes[name] = load_class(path, f"--custom {name}")
+    return classes
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _inspect_text(info: dict) -> str:
+    header = info["header"]
+    lines = [f"file          {info['file']} ({_human(header.get('bytes', info.get('bytes', 0)))})",
+             f"format        version {header['version']}, page size {_human(header['page_size'])} "
+             f"({header['page_size']} bytes)",
+             f"samples       {header['num_samples']}"]
+    if "incomplete" in info:
+        lines.append("fields")
+        lines += [f"  {i:>2}  {f['name']:<16} {f['type']:<12} type id {f['type_id']}" for i, f in enumerate(info["fields"])]
+        lines.append(f"incomplete    {info['incomplete']}")
+        return "\n".join(lines)
+    layout = info["layout"]
+    lines.append(f"data region   bytes [{layout['data_region'][0]}, {layout['data_region'][1]}): {layout['pages']} pages, "
+                 f"{layout['pages_used']} used, fill ratio {layout['fill_ratio']:.1%}")
+    lines.append(f"allocations   {layout['allocations']} ({_human(layout['allocated_bytes'])}); metadata "
+                 f"{layout['metadata_record_bytes']} bytes per sample")
+    lines.append("fields")
+    lines.append(f"  {'#':>2}  {'name':<16} {'type':<12} {'stored':>10} {'per sample':>11}  arguments")
+    for i, f in enumerate(info["fields"]):
+        stored = f["metadata_bytes"] + f["data_bytes"]
+        per = stored / header["num_samples"] if header["num_samples"] else 0
+        arguments = ", ".join(f"{k}={v}" for k, v in f["arguments"].items() if k != "note")
+        if "image_modes" in f:
+            arguments = ", ".join(f"{k} {v}" for k, v in f["image_modes"].items())
+        lines.append(f"  {i:>2}  {f['name']:<16} {f['type']:<12} {_human(stored):>10} {_human(per):>11}  {arguments}")
+    failed = [c for c in info["structure"] if not c["ok"]]
+    flagged = [c for c in info["structure"] if c["ok"] and c.get("flagged")]
+    lines.append("structure     " + ("ok: aligned pages, allocations in the file and on one page each, no overlap, "
+                                     "every metadata pointer an allocation of its sample" if not failed else "PROBLEMS"))
+    lines += [f"  - {c['name']}: {c['detail']}" for c in failed + flagged]
+    if "content_digest" in info:
+        lines.append(f"content       sha256 {info['content_digest']}")
+    if info["samples"]:
+        lines.append(f"first {len(info['samples'])} samples")
+        for sample in info["samples"]:
+            lines.append(f"  [{sample['index']}]")
+            lines += [f"      {name:<16} {value}" for name, value in sample["fields"].items()]
+    return "\n".join(lines)
 
 
 def _repro(args) -> int:
@@ -79,17 +138,51 @@ def _write(args) -> int:
 
 
 def _verify(args) -> int:
+    """The workflow's report for one file: same checks, same JSON; exit 1 if a check fails."""
+    from .errors import VerificationError
     from .stages import verify
 
     spec = _dataset(args.config, args.dataset)
+    if args.mode:
+        from .spec import DatasetSpec
+
+        spec = DatasetSpec.from_dict({**spec.to_dict(), "verify": {**spec.verify, "mode": args.mode}})
+    record = args.record or _write_record(args.file)
+    threads = args.threads or len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         manifest = _manifest(spec, tmp)
-        report_path = os.path.join(tmp, "report.json")
-        verify(spec, manifest, args.file, args.file + ".write.json", report_path, args.file + ".failed.verify.json",
-               smoke=args.smoke)
+        report_path, failed_path = os.path.join(tmp, "report.json"), os.path.join(tmp, "failed.json")
+        try:
+            verify(spec, manifest, args.file, record, report_path, failed_path, smoke=args.smoke, threads=threads)
+            failure = None
+        except VerificationError as exc:
+            report_path, failure = failed_path, exc
         with open(report_path) as fh:
-            print(fh.read())
+            text = fh.read()
+    if args.output:
+        from .atomic import atomic_path
+
+        with atomic_path(args.output) as tmp_out:
+            tmp_out.write_text(text)
+    else:
+        print(text, end="")
+    if failure is not None:
+        print(f"betonbuild error: {str(failure).split(' (full report kept at')[0]}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _write_record(beton_path: str) -> str:
+    """The write record next to the file: results/{ds}/{ds}.write.json, or FILE.write.json (betonbuild write)."""
+    stem = beton_path[: -len(".beton")] if beton_path.endswith(".beton") else beton_path
+    candidates = [stem + ".write.json", beton_path + ".write.json"]
+    for path in candidates:
+        if os.path.exists(path):
+            return path
+    raise BetonbuildError(
+        f"no write record for {beton_path} (looked for {' and '.join(candidates)}); it holds the rows written "
+        "and the writer's ffcv build, which the report checks; pass --record PATH"
+    )
 
 
 def _status(args) -> int:
@@ -110,15 +203,24 @@ def _status(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="betonbuild", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("inspect", help="print a .beton's header, fields and counts (no ffcv needed)")
+    p = sub.add_parser(
+        "inspect", help="describe any .beton: header, fields, pages, bytes per field, structure, first samples",
+        description="Describes any .beton (also one betonbuild did not write) without ffcv's Loader: header, "
+                    "fields with decoded arguments, sample count, pages and fill ratio, bytes per field, the "
+                    "structural checks, and the first samples. Exit status 2 if a structural check fails.")
     p.add_argument("file")
+    p.add_argument("--samples", type=int, default=3, metavar="N", help="summarise the first N samples (default 3)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--digest", action="store_true", help="also compute the content digest (reads every payload)")
+    p.add_argument("--custom", action="append", metavar="NAME=pkg.module:Class",
+                   help="register the class of custom (type id 255) field NAME; repeatable")
     p.set_defaults(func=_inspect)
     p = sub.add_parser("repro", help="replay a saved failing sample (results/{ds}/failure) in one process")
     p.add_argument("directory")
     p.set_defaults(func=_repro)
     for name, func, help_text in (("write", _write, "write one dataset of a config to a .beton"),
-                                  ("verify", _verify, "verify a .beton written by `betonbuild write`")):
-        p = sub.add_parser(name, help=help_text)
+                                  ("verify", _verify, "the workflow's verification report for one .beton")):
+        p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         p.add_argument("--config", required=True)
         p.add_argument("--dataset", required=True)
         p.add_argument("--smoke", action="store_true", help="only the smoke samples")
@@ -127,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--workers", type=int, default=None, help="overrides writer.num_workers = -1")
         else:
             p.add_argument("file")
+            p.add_argument("--record", help="the write record (default: {ds}.write.json or FILE.write.json beside FILE)")
+            p.add_argument("--threads", type=int, default=None, help="default: every CPU this process may use")
+            p.add_argument("--mode", choices=["auto", "full", "sample"], help="overrides the config's verify.mode")
+            p.add_argument("--output", help="write the report here instead of printing it")
         p.set_defaults(func=func)
     p = sub.add_parser("status", help="which datasets are up to date, and why the others would rebuild")
     p.add_argument("-s", "--snakefile", help="default: the Snakefile of this betonbuild checkout")

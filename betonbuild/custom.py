@@ -157,6 +157,8 @@ class FixedUTF8Field:
     files with this field can be merged like files with only built-in fields.
     """
 
+    betonbuild_pointer_columns = ()  # no file offsets in the record: betonbuild.merge may join such files
+
     def __init__(self, width: int = 32):
         if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= 4096:
             raise ValueError(f"width must be an integer in [1, 4096], not {width!r}")

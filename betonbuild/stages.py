@@ -114,11 +114,11 @@ def build(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: s
 
 
 def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: str, report_path: str,
-           failed_report_path: str, smoke: bool = False) -> dict[str, Any]:
+           failed_report_path: str, smoke: bool = False, threads: int | None = None) -> dict[str, Any]:
     """Writes the verification report at ``report_path`` if every check passes.
 
     Otherwise the report is kept at ``failed_report_path`` (Snakemake deletes a failed job's outputs)
-    and a VerificationError names the worst finding.
+    and a VerificationError names the worst finding. ``threads`` (the job's) compare rows in parallel.
     """
     source = open_source(spec, Path(manifest_path).parent)
     rows = rows_to_write(spec, source, manifest_path, smoke)
@@ -126,9 +126,14 @@ def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: 
         record = json.load(fh)
     if record.get("rows_sha256") != _digest(rows):
         raise VerificationError(f"{record_path} was written for other rows than the manifest now gives")
-    report = verify_beton(spec, source, rows, beton_path, record.get("provenance"), every_variable_sample=smoke)
+    report = verify_beton(spec, source, rows, beton_path, record.get("provenance"), every_variable_sample=smoke,
+                          threads=threads or 1)
     report["stage"] = "smoke" if smoke else "full"
     report["write"] = {k: record.get(k) for k in ("num_workers", "page_size", "chunksize", "seconds")}
+    with open(manifest_path) as fh:
+        manifest = json.load(fh)
+    # What made the file: the source's fingerprint (the dataset's config is in report["config"]).
+    report["source"] = {k: manifest.get(k) for k in ("kind", "length", "num_samples", "order_sha256", "inputs")}
     if not report["ok"]:
         write_json(failed_report_path, report)
         raise VerificationError(

@@ -15,9 +15,15 @@ from betonbuild.beton import (
     HEADER_TYPE,
     IMAGE_MODE_JPEG,
     IMAGE_MODE_RAW,
+    MAX_DECODED_PIXELS,
     BetonFile,
+    UnregisteredCustomField,
+    bytes_per_field,
     decode_image,
     decode_json,
+    describe,
+    page_usage,
+    structural_checks,
 )
 from betonbuild.demo import colour_photos
 from betonbuild.errors import BetonFormatError
@@ -285,14 +291,17 @@ def test_unknown_type_id_77_is_refused(written, tmp_path: Path):
     def edit(data):
         data[descriptor_offset(2)] = 77
 
-    refused(corrupt_copy(written, tmp_path, edit), "field 2 has unknown or custom type id 77")
+    refused(corrupt_copy(written, tmp_path, edit), r"field 2 \('emb'\) has unknown type id 77")
 
 
-def test_custom_type_id_255_is_refused(written, tmp_path: Path):
+def test_custom_type_id_255_without_its_class_is_refused_saying_how_to_register_it(written, tmp_path: Path):
     def edit(data):
         data[descriptor_offset(0)] = 255
 
-    refused(corrupt_copy(written, tmp_path, edit), "field 0 has unknown or custom type id 255")
+    error = refused(corrupt_copy(written, tmp_path, edit), r"field\(s\) 'label' are custom fields \(type id 255\)")
+    assert isinstance(error, UnregisteredCustomField)
+    assert "custom_handlers={'label': Class}" in str(error) and "--custom label=module:Class" in str(error)
+    assert error.header["num_samples"] == NUM_SAMPLES and [f.name for f in error.fields] == FIELD_ORDER
 
 
 @pytest.mark.parametrize("page_size", [0, 3, (1 << 21) + 1])
@@ -324,7 +333,7 @@ def test_non_ascii_field_name_is_refused(written, tmp_path: Path):
     def edit(data):
         data[descriptor_offset(1) + 1] = 0xC3
 
-    refused(corrupt_copy(written, tmp_path, edit), "field 1 name .* is not ASCII")
+    refused(corrupt_copy(written, tmp_path, edit), "field 1 name .* is not printable ASCII")
 
 
 def test_empty_field_name_is_refused(written, tmp_path: Path):
@@ -402,7 +411,7 @@ def test_ndarray_pointer_outside_the_data_region_is_refused_on_read(written, tmp
     good = BetonFile(written[0])
     at = metadata_offset(good, "emb", 5)
     path = corrupt_copy(written, tmp_path, lambda d: d.__setitem__(slice(at, at + 8), np.uint64(2**63).tobytes()))
-    with pytest.raises(BetonFormatError, match="field 'emb' has a payload pointer outside the data region"):
+    with pytest.raises(BetonFormatError, match="field 'emb' has a payload .* outside the data region"):
         BetonFile(path).ndarray_column("emb")
 
 
@@ -434,3 +443,228 @@ def test_good_file_copy_still_parses(written, tmp_path: Path):
     shutil.copyfile(written[0], path)
     beton = BetonFile(path)
     assert beton.num_samples == NUM_SAMPLES and [f.name for f in beton.fields] == FIELD_ORDER
+
+
+# --- hostile values past the header --------------------------------------------------------------
+
+
+def test_sixteen_byte_name_without_nul_is_ffcvs_own_encoding_and_reads(tmp_path: Path):
+    from ffcv.fields import IntField
+    from ffcv.writer import DatasetWriter
+
+    path = tmp_path / "long_name.beton"
+    DatasetWriter(str(path), {"exactly_16_bytes": IntField()}, page_size=PAGE_SIZE, num_workers=1).from_indexed_dataset(
+        ListDataset([(7,), (8,)]))
+    beton = BetonFile(path)
+    assert beton.fields[0].name == "exactly_16_bytes"
+    assert beton.metadata["exactly_16_bytes"].tolist() == [7, 8]
+
+
+def test_name_without_nul_that_is_not_printable_is_refused(written, tmp_path: Path):
+    def edit(data):
+        data[descriptor_offset(1) + 1 : descriptor_offset(1) + 17] = bytes(range(1, 17))
+
+    refused(corrupt_copy(written, tmp_path, edit), "field 1 name .* has no NUL terminator and is not printable ASCII")
+
+
+def test_name_with_bytes_after_its_nul_is_refused(written, tmp_path: Path):
+    def edit(data):
+        data[descriptor_offset(1) + 15] = ord("x")
+
+    refused(corrupt_copy(written, tmp_path, edit), "field 1 name .* has bytes after its NUL terminator")
+
+
+def _set_dtype_description(data: bytearray, index: int, text: bytes) -> None:
+    at = descriptor_offset(index) + 17 + 8 * 32
+    data[at : at + 8] = np.uint64(len(text)).tobytes()
+    data[at + 8 : at + 8 + len(text)] = text
+
+
+@pytest.mark.parametrize("descr, why", [
+    (b'[["", "|O"]]', "unsupported dtype description"),
+    (b'[["", "|V8"]]', "unsupported dtype description"),
+    (b'[["", "<f8", [100000000, 100000000, 100000000]]]', "unsupported dtype description|unreadable"),
+    (b'[["", "<f8"], ["b", "<f8"]]', "unsupported dtype description"),
+    (b'[["", "not a dtype"]]', "unreadable dtype description"),
+    (b"[" * 700, "unreadable dtype description"),
+])
+def test_ndarray_absurd_dtype_descriptions_are_refused(written, tmp_path: Path, descr, why):
+    path = corrupt_copy(written, tmp_path, lambda d: _set_dtype_description(d, 2, descr))
+    refused(path, f"field 2 has an ({why})")
+
+
+def test_ndarray_pointer_near_2_to_the_63_is_refused_not_overflowed(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    at = metadata_offset(good, "emb", 5)
+    path = corrupt_copy(written, tmp_path, lambda d: d.__setitem__(slice(at, at + 8), np.uint64(2**63 - 1).tobytes()))
+    with pytest.raises(BetonFormatError, match="outside the data region"):
+        BetonFile(path).ndarray_column("emb")
+
+
+def test_unknown_image_mode_is_refused(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    at = metadata_offset(good, "jpg_img", 3, "mode")
+    path = corrupt_copy(written, tmp_path, lambda d: d.__setitem__(at, 7))
+    with pytest.raises(BetonFormatError, match="sample 3 field 'jpg_img' has unknown image mode 7"):
+        decode_image(BetonFile(path), "jpg_img", 3)
+    checks = {c["name"]: c for c in structural_checks(BetonFile(path))}
+    assert not checks["metadata_pointers"]["ok"] and "unknown image mode 7" in checks["metadata_pointers"]["detail"]
+
+
+def test_jpeg_whose_header_disagrees_with_the_metadata_is_not_decoded(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    at = metadata_offset(good, "jpg_img", 2, "width")
+    path = corrupt_copy(written, tmp_path, lambda d: d.__setitem__(slice(at, at + 2), np.uint16(9).tobytes()))
+    with pytest.raises(BetonFormatError, match="the JPEG is 36x32 but the metadata says 9x32"):
+        decode_image(BetonFile(path), "jpg_img", 2)
+
+
+def test_jpeg_claiming_a_gigantic_image_is_refused_before_decoding(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    at = metadata_offset(good, "jpg_img", 2, "width")
+
+    def edit(data):
+        data[at : at + 4] = np.array([65535, 65535], dtype="<u2").tobytes()
+
+    with pytest.raises(BetonFormatError, match=f"above the {MAX_DECODED_PIXELS}-pixel decode limit"):
+        decode_image(BetonFile(corrupt_copy(written, tmp_path, edit)), "jpg_img", 2)
+
+
+def test_json_payload_that_is_not_json_gives_a_format_error():
+    with pytest.raises(BetonFormatError, match="does not decode"):
+        decode_json(np.frombuffer(b'{"a": \xff}\0', dtype=np.uint8))
+    with pytest.raises(BetonFormatError, match="does not decode"):
+        decode_json(np.frombuffer(b"[" * 100_000 + b"\0", dtype=np.uint8))
+
+
+# --- structural checks ---------------------------------------------------------------------------
+
+
+def structure(path: Path, **kwargs) -> dict[str, dict]:
+    return {c["name"]: c for c in structural_checks(BetonFile(path), **kwargs)}
+
+
+def test_a_file_written_by_ffcv_passes_every_structural_check(written):
+    checks = structure(written[0])
+    assert set(checks) == {"data_region_aligned", "allocations_in_file", "allocations_in_one_page", "sample_ids",
+                           "no_overlap", "samples_on_one_page", "metadata_pointers", "no_empty_allocations"}
+    assert all(c["ok"] for c in checks.values()), checks
+
+
+def table_offset(beton: BetonFile, entry: int, member: str) -> int:
+    return beton.alloc_table_ptr + ALLOC_TABLE_TYPE.itemsize * entry + ALLOC_TABLE_TYPE.fields[member][1]
+
+
+def test_overlapping_allocations_are_found(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    order = np.argsort(good.alloc_table["ptr"])
+    first = int(order[0])
+    at = table_offset(good, first, "size")
+    grown = int(good.alloc_table["size"][first]) + 100
+    checks = structure(corrupt_copy(written, tmp_path, lambda d: d.__setitem__(slice(at, at + 8), np.uint64(grown).tobytes())))
+    assert not checks["no_overlap"]["ok"] and "1 allocations overlap" in checks["no_overlap"]["detail"]
+
+
+def test_allocation_crossing_a_page_and_a_sample_split_over_two_pages_are_found(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    entry = int(np.argmax(good.alloc_table["ptr"]))
+    at = table_offset(good, entry, "ptr")
+    moved = good.data_start + PAGE_SIZE - 4  # straddles the end of the first page
+
+    def edit(data):
+        data[at : at + 8] = np.uint64(moved).tobytes()
+        data.extend(b"\0" * PAGE_SIZE)  # a second page, so the allocation stays inside the file
+        table = bytes(data[good.alloc_table_ptr : good.size])
+        data[good.alloc_table_ptr : good.alloc_table_ptr + PAGE_SIZE] = b"\0" * PAGE_SIZE
+        data[good.alloc_table_ptr + PAGE_SIZE :] = table
+        set_header(data, alloc_table_ptr=good.alloc_table_ptr + PAGE_SIZE)
+
+    checks = structure(corrupt_copy(written, tmp_path, edit))
+    assert not checks["allocations_in_one_page"]["ok"]
+    assert "1 allocations cross a page boundary" in checks["allocations_in_one_page"]["detail"]
+    assert not checks["metadata_pointers"]["ok"]  # the metadata still points at the old place
+
+
+def test_sample_whose_allocations_lie_on_two_pages_is_found(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    entry = int(np.argmax(good.alloc_table["ptr"]))
+    at = table_offset(good, entry, "ptr")
+
+    def edit(data):
+        table = bytes(data[good.alloc_table_ptr : good.size])
+        data[good.alloc_table_ptr :] = b"\0" * PAGE_SIZE + table
+        moved_at = at + PAGE_SIZE
+        data[moved_at : moved_at + 8] = np.uint64(good.alloc_table_ptr + 64).tobytes()  # onto the new page
+        set_header(data, alloc_table_ptr=good.alloc_table_ptr + PAGE_SIZE)
+
+    checks = structure(corrupt_copy(written, tmp_path, edit))
+    assert not checks["samples_on_one_page"]["ok"]
+    assert "1 samples have allocations on more than one page" in checks["samples_on_one_page"]["detail"]
+
+
+def test_metadata_pointer_of_another_sample_is_found(written, tmp_path: Path):
+    good = BetonFile(written[0])
+    at = metadata_offset(good, "blob", 4, "ptr")
+    other = good.metadata["blob"][5]["ptr"]
+    checks = structure(corrupt_copy(written, tmp_path, lambda d: d.__setitem__(slice(at, at + 8), np.uint64(other).tobytes())))
+    detail = checks["metadata_pointers"]["detail"]
+    assert not checks["metadata_pointers"]["ok"] and "field 'blob': sample 4's" in detail
+
+
+def test_size_zero_allocations_are_flagged_and_fail_unless_their_field_allows_empty(tmp_path: Path):
+    from ffcv.fields import BytesField, IntField
+    from ffcv.writer import DatasetWriter
+
+    path = tmp_path / "empty.beton"
+    samples = [(np.frombuffer(b"ab" if i % 3 else b"", dtype=np.uint8), i) for i in range(6)]
+    DatasetWriter(str(path), {"blob": BytesField(), "n": IntField()}, page_size=PAGE_SIZE,
+                  num_workers=1).from_indexed_dataset(ListDataset(samples))
+    strict = structure(path)["no_empty_allocations"]
+    assert not strict["ok"] and strict["flagged"] == 2 and "2 size-0 allocations ('blob': 2)" in strict["detail"]
+    assert "ffcv's Loader mis-reads them" in strict["detail"]
+    allowed = structure(path, allow_empty=("blob",))["no_empty_allocations"]
+    assert allowed["ok"] and allowed["flagged"] == 2 and "allowed by allow_empty" in allowed["detail"]
+    assert structure(path)["metadata_pointers"]["ok"]  # the colliding pointers are still told apart
+
+
+# --- custom fields, description ------------------------------------------------------------------
+
+
+def test_custom_field_is_read_with_its_registered_class_like_ffcvs_reader(tmp_path: Path):
+    from ffcv.fields import IntField
+    from ffcv.reader import Reader
+    from ffcv.writer import DatasetWriter
+
+    from betonbuild.custom import FixedUTF8Field
+
+    path = tmp_path / "custom.beton"
+    titles = ["crème brûlée", "", "日本語テキスト", "x" * 20]
+    DatasetWriter(str(path), {"title": FixedUTF8Field(24), "n": IntField()}, page_size=PAGE_SIZE,
+                  num_workers=1).from_indexed_dataset(ListDataset([(t, i) for i, t in enumerate(titles)]))
+    beton = BetonFile(path, custom_handlers={"title": FixedUTF8Field})
+    info = beton.field("title")
+    assert (info.type_id, info.handler.width, info.metadata_type) == (255, 24, np.dtype(("u1", (24,))))
+    assert [FixedUTF8Field.to_str(r) for r in beton.metadata["title"]] == titles
+    reader = Reader(str(path), custom_handlers={"title": FixedUTF8Field})
+    assert beton.metadata.tobytes() == reader.metadata.tobytes()
+    assert describe(beton, samples=1)["samples"][0]["fields"]["title"] == repr(titles[0])
+    assert beton.custom_allocations(0) == []
+
+
+def test_describe_reports_pages_fill_ratio_and_bytes_per_field(beton: BetonFile, written):
+    info = describe(beton, samples=2)
+    usage = page_usage(beton)
+    assert usage["pages"] == 1 and usage["pages_used"] == 1 and usage["allocations"] == 6 * NUM_SAMPLES
+    assert usage["allocated_bytes"] == int(beton.alloc_table["size"].sum())
+    assert usage["fill_ratio"] == round(usage["allocated_bytes"] / PAGE_SIZE, 4)
+    per_field = bytes_per_field(beton)
+    assert per_field["emb"] == {"metadata": 8 * NUM_SAMPLES, "data": 48 * NUM_SAMPLES}
+    assert per_field["blob"]["data"] == sum(s[4].size for s in written[1])
+    assert per_field["raw_img"]["data"] == sum(s[6].size for s in written[1])
+    assert sum(v["data"] for v in per_field.values()) == usage["allocated_bytes"]
+    assert info["structure_ok"] and [f["name"] for f in info["fields"]] == FIELD_ORDER
+    assert info["fields"][2]["arguments"] == {"dtype": "<f4", "shape": [3, 4]}
+    assert info["fields"][7]["image_modes"] == {"jpeg": NUM_SAMPLES, "raw": 0}
+    first = info["samples"][0]["fields"]
+    assert first["label"] == -4000 and first["meta"] == '{"index":0,"name":"crop-0","tags":[],"nested":{"x":0.0,"ok":true}}'
+    assert first["raw_img"] == "raw 40x24, 2880 bytes" and first["blob"].startswith("3 bytes: 00 01 02")
