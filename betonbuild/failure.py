@@ -37,9 +37,13 @@ def save_failure(directory: str | os.PathLike, spec: DatasetSpec, source, error:
         "fix": error.fix,
         "traceback": getattr(error, "worker_traceback", None) or "".join(traceback.format_exception(error)),
         "working_directory": os.getcwd(),
+        "dataset_dir": None,
         "spec": spec.to_dict(),
         "sample_file": None,
     }
+    if hasattr(source, "entries"):  # shards: keep the shard list, so the replay finds the same sample
+        write_json(directory / "shards.json", {"dataset": spec.name, "shards": source.entries})
+        record["dataset_dir"] = str(directory.resolve())
     if error.index is not None:
         try:
             sample = source[error.index]
@@ -80,7 +84,7 @@ def replay(directory: str | os.PathLike) -> tuple[tuple, dict[str, int]]:
         from .sources import open_source
 
         os.chdir(record["working_directory"])
-        source = open_source(spec)
+        source = open_source(spec, record.get("dataset_dir"))
     values = CheckedDataset(spec, source)[index]
     fields = build_fields(spec)
     sizes = measure_allocations(fields, values)

@@ -150,6 +150,7 @@ def _verify_file(spec: DatasetSpec, source, rows: np.ndarray, path: str, mode: s
         return
     allow_empty = tuple(f.name for f in spec.fields if f.type == "bytes" and f.options.get("allow_empty"))
     structure_ok = report.run("allocations", lambda: _check_structure(beton, allow_empty))
+    _import_ffcv()
     # Long single tasks first, so that the row chunks fill the threads around them. ffcv's Loader does
     # not bounds-check, so it only reads a file whose structure is sound.
     loader = pool.submit(_check_loader_batch, beton, spec) if structure_ok else None
@@ -520,6 +521,22 @@ def _compare_image(ctx: _Context, images: _StoredImages, row: int, expected: np.
     if mean > ctx.tolerance:
         return f"JPEG mean absolute pixel error {mean:.2f} exceeds the tolerance {ctx.tolerance}"
     return None
+
+
+def _import_ffcv() -> None:
+    """ffcv's modules import each other in cycles: importing them from two threads at once fails
+    ("partially initialized module"), so the main thread imports all of them before the pool starts."""
+    import ffcv.fields.basics  # noqa: F401
+    import ffcv.fields.bytes  # noqa: F401
+    import ffcv.fields.decoders  # noqa: F401
+    import ffcv.fields.json  # noqa: F401
+    import ffcv.fields.ndarray  # noqa: F401
+    import ffcv.fields.rgb_image  # noqa: F401
+    import ffcv.libffcv  # noqa: F401
+    import ffcv.loader  # noqa: F401
+
+    _turbojpeg()
+    _cv2_rgb_flag()
 
 
 class _TurboJPEG:

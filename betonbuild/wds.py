@@ -18,6 +18,7 @@ import json
 import os
 import re
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -43,6 +44,7 @@ def require_webdataset(dataset: str):
 
 def expand_shards(spec: DatasetSpec) -> list[str]:
     """The shard paths of a webdataset source: brace patterns and globs expanded, in order."""
+    require_webdataset(spec.name)  # braceexpand comes with it
     from braceexpand import braceexpand
 
     patterns = spec.source["shards"]
@@ -115,6 +117,14 @@ def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
                 current_exts.add(ext)
                 extensions.add(ext)
             close_sample()
+            end = tar.offset
+        # tarfile ends its iteration silently at a cut or a garbage header: only the zero block
+        # that closes every complete archive proves no sample was lost.
+        with open(path, "rb") as fh:
+            fh.seek(end)
+            if fh.read(512) != bytes(512):
+                raise SourceError(spec.name, f"shard {path} is truncated or corrupt at byte {end}: "
+                                  "no end-of-archive block follows its last readable member")
     except FileNotFoundError:
         raise SourceError(spec.name, f"shard {path} does not exist (working directory {os.getcwd()})") from None
     except (tarfile.TarError, EOFError, OSError) as exc:
@@ -172,8 +182,17 @@ class WebDatasetSource:
             from .sources import import_factory
 
             self._pipeline = import_factory(spec.name, spec.source["pipeline"])
-        self._cursor: tuple[int, int, Iterator] | None = None  # (shard, next local index, samples)
+        self._local = threading.local()  # each thread (and forked worker) reads with its own cursor
         self._pid = os.getpid()
+
+    @property
+    def _cursor(self) -> tuple[int, int, Iterator] | None:
+        """(shard, next local index, samples) of this thread's open shard."""
+        return getattr(self._local, "cursor", None)
+
+    @_cursor.setter
+    def _cursor(self, value) -> None:
+        self._local.cursor = value
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -205,7 +224,7 @@ class WebDatasetSource:
     def raw(self, index: int):
         """The undecoded sample (a dict of bytes, or the pipeline's output) at a global index."""
         if os.getpid() != self._pid:  # a forked writer worker must not share its parent's open shard
-            self._cursor, self._pid = None, os.getpid()
+            self._local, self._pid = threading.local(), os.getpid()
         shard, local = self.location(index)
         if self._cursor is None or self._cursor[0] != shard or self._cursor[1] > local:
             self._cursor = (shard, 0, self._samples(shard))

@@ -73,9 +73,11 @@ def source_inputs(wildcards):
 
 
 def is_webdataset_without_package(spec):
-    import importlib.util
-
-    return is_webdataset(spec) and importlib.util.find_spec("webdataset") is None
+    try:
+        import webdataset  # noqa: F401 - a broken install counts as missing
+    except ImportError:
+        return is_webdataset(spec)
+    return False
 
 
 def is_webdataset(spec):
@@ -85,7 +87,11 @@ def is_webdataset(spec):
 def shard_files(wildcards):
     """The local .tar shards of a webdataset source (brace patterns and globs expanded)."""
     spec = DATASETS[wildcards.ds]
-    return expand_shards(spec) if is_webdataset(spec) else []
+    if not is_webdataset(spec) or is_webdataset_without_package(spec):
+        return (
+            []
+        )  # without webdataset, the shard_list job itself fails with the clear message
+    return expand_shards(spec)
 
 
 def manifest(wildcards):

@@ -180,3 +180,22 @@ def test_verify_without_a_write_record_says_where_it_looked(cli_project: Path, c
     code, out, err = run(capsys, "verify", "digits.beton", "--config", "config.yaml", "--dataset", "digits")
     assert code == 1 and out == ""
     assert "no write record for digits.beton (looked for digits.write.json and digits.beton.write.json)" in err
+
+
+def test_verify_in_a_fresh_process_on_two_threads(tmp_path: Path):
+    """A new interpreter imports ffcv during the report: its pool threads must not import it concurrently."""
+    from conftest import make_photo_folder
+
+    make_photo_folder(tmp_path / "photos", per_class=6)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"datasets": {"p": {
+        "source": {"kind": "image_folder", "root": "photos"},
+        "fields": {"image": {"type": "rgb_image", "write_mode": "jpg"}, "label": {"type": "int"}},
+    }}}))
+    cli = str(BIN / "betonbuild")
+    subprocess.run([cli, "write", "--config", "config.yaml", "--dataset", "p", "--output", "p.beton"], cwd=tmp_path,
+                   check=True, capture_output=True)
+    result = subprocess.run([cli, "verify", "--config", "config.yaml", "--dataset", "p", "p.beton", "--threads", "2"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["threads"] == 2 and report["mode"] == "full"

@@ -269,10 +269,6 @@ def test_indexed_source_reads_every_sample_in_shard_order(photo_shards):
         assert np.array_equal(image, decoded_image(expected[index]))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: WebDatasetSource keeps ONE cursor (self._cursor) shared by all threads; concurrent __getitem__ "
-    "(e.g. verify_beton's new thread pool) interleave on it: wrong samples are returned silently, or "
-    "'generator already executing' / UnboundLocalError. Fix: a per-thread cursor (threading.local)."))
 def test_indexed_source_is_safe_to_read_from_two_threads(photo_shards):
     from betonbuild.wds import WebDatasetSource, shard_list
 
@@ -516,17 +512,10 @@ def _bad_cases(workdir: Path) -> dict[str, dict]:
     case("undecodable", samples=undecodable, expect=[f"key {photos[1]['__key__']}", "field 'image'", "'jpg'"])
     # A tar cut exactly between two samples (or inside a header block) reads as a shorter, valid tar.
     third_sample = next(start for name, start, _ in members if name.startswith(photos[3]["__key__"]))
-    case("truncated_at_sample", shard_bytes=data[:third_sample], expect=["truncated"], xfail=(
-        "BUG: a tar cut at a member boundary or inside a header block has no end-of-archive marker, but "
-        "tarfile (and webdataset) end the iteration silently: count_shard counts the samples before the cut "
-        "and the write drops the rest without an error. Fix in count_shard: after the loop, require a zero "
-        "block (512 NUL bytes) at tar.offset, else raise SourceError('... truncated or corrupt at byte N')."))
+    case("truncated_at_sample", shard_bytes=data[:third_sample], expect=["truncated"])
     scrambled = bytearray(data)
     scrambled[third_sample : third_sample + 512] = np.random.default_rng(1).integers(0, 256, 512, dtype=np.uint8).tobytes()
-    case("corrupt_middle", shard_bytes=bytes(scrambled), expect=["corrupt"], xfail=(
-        "BUG: a garbage header block in the middle of a shard ends tarfile's iteration silently "
-        "(InvalidHeaderError at offset != 0 is treated as the end): the samples after it are dropped without "
-        "an error. Same fix: a zero block must follow the last member (tar.offset)."))
+    case("corrupt_middle", shard_bytes=bytes(scrambled), expect=["corrupt"])
     return cases
 
 
@@ -624,12 +613,6 @@ def test_an_undecodable_payload_is_saved_as_a_failure_record(bad_shards):
     assert "replay it with: betonbuild repro" in runs["undecodable"]["stderr"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: `betonbuild repro` of a webdataset failure crashes: the failing sample could not be saved (decoding it "
-    "fails again in save_failure), so replay() reopens the source with open_source(spec) WITHOUT dataset_dir, "
-    "which raises ValueError('a webdataset source is opened from its shard list: give dataset_dir'); an "
-    "unexpected traceback instead of 'reproduced: ...'. Fix: save the raw sample (WebDatasetSource.raw(index), "
-    "a dict of bytes) in save_failure and replay its decode, or record the shard list path and reopen it."))
 def test_betonbuild_repro_replays_an_undecodable_payload(bad_shards):
     _, _, _, saved = bad_shards
     repro = saved["repro"]
@@ -840,12 +823,6 @@ def test_without_webdataset_the_dag_warns_and_other_datasets_still_build(tmp_pat
     assert not (tmp_path / "results/shards/shards.beton").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: betonbuild.wds.expand_shards imports braceexpand, which only comes with webdataset (it is not a "
-    "dependency of betonbuild). Without the optional package the Snakefile's input function shard_files raises "
-    "ModuleNotFoundError while building the DAG: InputFunctionException, NO dataset builds, even with "
-    "--keep-going. Fix: make braceexpand a core dependency, or guard shard_files (return [] when webdataset "
-    "is missing, so only the dataset's own jobs fail)."))
 def test_without_webdataset_and_braceexpand_other_datasets_still_build(tmp_path):
     """What `pip install betonbuild` without the [webdataset] extra gives: neither package."""
     env = _without_webdataset_project(tmp_path, {"webdataset", "braceexpand"})
@@ -855,10 +832,6 @@ def test_without_webdataset_and_braceexpand_other_datasets_still_build(tmp_path)
     assert result.returncode == 0, output[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "GAP: the DAG-time check uses importlib.util.find_spec('webdataset'), which finds a package that is "
-    "present but fails to import (a broken install, or a missing dependency of it): no warning at DAG time; "
-    "the jobs then fail with 'not installed'. Fix: try the import (in a subprocess, or just import it)."))
 def test_a_webdataset_that_fails_to_import_is_warned_about_at_dag_time(tmp_path):
     env = _without_webdataset_project(tmp_path, None, broken=True)
     result = _snakemake_env(tmp_path, env, "-n", "all")
