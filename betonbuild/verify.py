@@ -297,7 +297,7 @@ class _Tally:
     """What one chunk of rows found; tallies of all chunks are merged in row order."""
 
     images: dict[str, "_StoredImages"] = dc_field(default_factory=dict)  # this chunk's stored images
-    jpeg: "_TurboJPEG" = dc_field(default_factory=lambda: _TurboJPEG())  # this chunk's (thread's) decoder
+    jpeg: "_TurboJPEG | None" = None  # this chunk's (so this thread's) source JPEG decoder
     fixed: dict[str, list[int]] = dc_field(default_factory=dict)  # name -> [compared, mismatches, first]
     variable: dict[str, dict[str, Any]] = dc_field(default_factory=dict)
     problems: list[tuple[int, str, str]] = dc_field(default_factory=list)  # (row, field, text)
@@ -337,7 +337,7 @@ def _run_content(ctx: _Context, pool: ThreadPoolExecutor) -> _Tally:
 
 def _compare_chunk(ctx: _Context, start: int, stop: int) -> _Tally:
     tally = _Tally(images={f.name: _StoredImages(ctx.beton, f.name, start, stop)
-                           for _, f in ctx.variable if f.type == "rgb_image"})
+                           for _, f in ctx.variable if f.type == "rgb_image"}, jpeg=_TurboJPEG())
     try:
         return _compare_rows(ctx, start, stop, tally)
     finally:

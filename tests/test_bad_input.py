@@ -617,8 +617,8 @@ def test_sigterm_mid_write_cleans_up_and_a_rerun_completes(tmp_path):
 
     rerun = betonbuild(workdir, *write_args("slow"))
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    info = json.loads(betonbuild(workdir, "inspect", "results/slow/slow.beton").stdout)
-    assert info["num_samples"] == 3000
+    info = json.loads(betonbuild(workdir, "inspect", "--json", "results/slow/slow.beton").stdout)
+    assert info["header"]["num_samples"] == 3000
     assert list(results.glob(".slow.beton.tmp-*")) == []
 
 

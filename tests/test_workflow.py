@@ -203,7 +203,7 @@ def test_the_demo_config_is_valid_and_plans_every_dataset():
 def test_editing_verify_settings_reruns_only_the_verifications(built):
     workdir, _ = built
     with edited(workdir / "config.yaml", lambda text: text.replace("smoke:\n      samples: 8", "smoke:\n      samples: 8\n    verify:\n      samples: 7")):
-        assert jobs_in_dry_run(workdir) == [("verify", "digits")]
+        assert jobs_in_dry_run(workdir) == [("report_assets", "digits"), ("verify", "digits")]
 
 
 def test_a_comment_in_the_config_reruns_nothing(built):
