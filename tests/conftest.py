@@ -16,6 +16,19 @@ SNAKEFILE = REPO / "Snakefile"
 BIN = Path(sys.executable).parent
 
 
+class ListDataset:
+    """The simplest indexed dataset: a list of samples (ffcv passes numpy integer indices)."""
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        return self.samples[int(index)]
+
+
 def run_snakemake(workdir: Path, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
     """Runs the real workflow on ``workdir`` (its config.yaml), the way a user keeps data outside the repo."""
     cmd = [

@@ -27,6 +27,7 @@ from betonbuild.beton import (
 )
 from betonbuild.demo import colour_photos
 from betonbuild.errors import BetonFormatError
+from conftest import ListDataset
 
 PAGE_SIZE = 1 << 21
 NUM_SAMPLES = 10
@@ -56,17 +57,6 @@ def make_samples() -> list[tuple]:
             image,
         ))
     return samples
-
-
-class ListDataset:
-    def __init__(self, samples):
-        self.samples = samples
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, index):
-        return self.samples[int(index)]
 
 
 @pytest.fixture(scope="module")

@@ -13,20 +13,10 @@ import yaml
 
 from betonbuild.cli import main
 from betonbuild.custom import FixedUTF8Field
+from conftest import ListDataset
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # numba finalizer noise
 BIN = Path(sys.executable).parent
-
-
-class ListDataset:
-    def __init__(self, samples):
-        self.samples = samples
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, index):
-        return self.samples[int(index)]
 
 
 @pytest.fixture(scope="module")

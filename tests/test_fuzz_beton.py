@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from betonbuild.beton import ALLOC_TABLE_TYPE, BetonFile, decode_image, describe, structural_checks
 from betonbuild.custom import FixedUTF8Field
+from conftest import ListDataset
 from betonbuild.errors import BetonFormatError
 
 EXAMPLES = 10_000
@@ -33,17 +34,6 @@ PER_EXAMPLE_SECONDS = 5.0
 HEAP_SLACK = 1 << 20  # bytes beyond the file's size that one example may allocate at its peak
 TRACE_EVERY = 8
 HANDLERS = {"title": FixedUTF8Field}
-
-
-class ListDataset:
-    def __init__(self, samples):
-        self.samples = samples
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, index):
-        return self.samples[int(index)]
 
 
 def _write(path: Path, fields: dict, samples: list) -> Path:

@@ -33,6 +33,7 @@ from betonbuild.beton import HEADER_TYPE, BetonFile, decode_json  # noqa: E402
 from betonbuild.demo import colour_photos  # noqa: E402
 from betonbuild.errors import BetonbuildError, MergeError  # noqa: E402
 from betonbuild.merge import merge_betons, write_empty_beton  # noqa: E402
+from conftest import ListDataset
 
 # ffcv's Loader leaves numba dispatchers whose finalizers raise KeyError at garbage collection:
 # noise from numba/ffcv, reported by pytest as "unraisable" warnings.
@@ -45,17 +46,6 @@ N = 80
 BOUNDS = [(0, 1), (1, 1), (1, 31), (31, N)]
 ARR_SHAPE = (128, 128)
 CROP = (32, 32)
-
-
-class Rows:
-    def __init__(self, rows):
-        self.rows = rows
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, index):
-        return self.rows[index]
 
 
 def all_fields() -> dict:
@@ -100,7 +90,7 @@ def write(path: Path, rows, fields=None, page_size: int = DEFAULT_PAGE) -> Path:
     if not rows:
         write_empty_beton(path, fields, page_size)
     else:
-        DatasetWriter(str(path), fields, page_size=page_size, num_workers=1).from_indexed_dataset(Rows(rows))
+        DatasetWriter(str(path), fields, page_size=page_size, num_workers=1).from_indexed_dataset(ListDataset(rows))
     return path
 
 
