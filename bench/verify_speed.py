@@ -5,7 +5,8 @@ scikit-learn, at seeded random positions (and mirrored half of the time), saved 
 in an image folder, one class per photograph. The dataset stores them as JPEG (quality 90).
 
 Measured, each in a fresh process so that neither warms the other's imports (the page cache is
-warmed for both: the source is read once before the first timing), alternately, REPEATS times;
+warmed for both: the source is read once before the first timing), alternately (write first, then
+verify first, ...), REPEATS times, each after waiting for the machine's other jobs to be quiet;
 wall and CPU seconds (user + system, child processes included) are printed for each run:
   write   betonbuild.write.write_beton: CPUS ffcv writer processes (what `rule write` runs)
   verify  betonbuild.verify.verify_beton in mode full on CPUS threads: every sample decoded and
@@ -163,11 +164,11 @@ def main() -> None:
     subprocess.run(["cat", *map(str, root.rglob("*.jpg"))], stdout=subprocess.DEVNULL, check=True)  # page cache
     rows, clean = [], []
     for repeat in range(args.repeats):
-        waited = wait_for_quiet(args.quiet_below, args.max_wait)
-        if waited:
-            print(f"(waited {waited:.0f} s for other jobs to use under {args.quiet_below} cores)", flush=True)
         stages = {}
-        for stage in ("write", "verify"):
+        for stage in ("write", "verify") if repeat % 2 == 0 else ("verify", "write"):  # alternate the order
+            waited = wait_for_quiet(args.quiet_below, args.max_wait)
+            if waited > 1:
+                print(f"(waited {waited:.0f} s for other jobs to use under {args.quiet_below} cores)", flush=True)
             used_before = resource.getrusage(resource.RUSAGE_CHILDREN)
             stages[stage] = result = run_stage(stage, workdir, args.cpus)
             used_after = resource.getrusage(resource.RUSAGE_CHILDREN)

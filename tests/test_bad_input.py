@@ -778,7 +778,7 @@ CONFIG_ERRORS = {
     "unknown_field_type": (
         {"fields": {"f": {"type": "string"}}},
         "datasets.bad.fields.f.type: 'string' is not one of "
-        "['int', 'float', 'ndarray', 'torch_tensor', 'rgb_image', 'bytes', 'json']",
+        "['int', 'float', 'ndarray', 'torch_tensor', 'rgb_image', 'bytes', 'json', 'custom']",
     ),
     "big_endian_dtype": (
         {"fields": {"f": {"type": "ndarray", "dtype": ">f4", "shape": [2]}}},
