@@ -477,7 +477,8 @@ def test_defaults_are_filled_in():
     assert config.results == "results"
     assert spec.writer == WriterSpec(num_workers=-1, page_size=8388608, chunksize=100, indices=None, shuffle=False, seed=0)
     assert spec.smoke_samples == 32
-    assert spec.verify == {"samples": 256, "jpeg_mean_abs_error": 8.0, "loader_batch": 16}
+    assert spec.verify == {"samples": 256, "jpeg_mean_abs_error": 8.0, "loader_batch": 16,
+                           "mode": "auto", "full_max_samples": 100000}
     assert spec.sample_keys is None
     assert spec.source == {"kind": "python", "factory": "adapters.tables:wine", "args": {}}
 
@@ -499,7 +500,8 @@ def test_explicit_values_override_defaults():
     assert spec.writer.page_size == 1 << 24
     assert (spec.writer.chunksize, spec.writer.shuffle, spec.writer.seed) == (7, True, 3)
     assert spec.smoke_samples == 4
-    assert spec.verify == {"samples": 9, "jpeg_mean_abs_error": 8.0, "loader_batch": 16}
+    assert spec.verify == {"samples": 9, "jpeg_mean_abs_error": 8.0, "loader_batch": 16,
+                           "mode": "auto", "full_max_samples": 100000}
 
 
 def test_load_config_does_not_modify_its_input():
@@ -565,7 +567,8 @@ def test_from_dict_of_a_part_fills_the_schema_defaults():
     part = {k: v for k, v in spec.to_dict().items() if k not in ("smoke", "verify")}
     rebuilt = DatasetSpec.from_dict(part)
     assert rebuilt.smoke_samples == 32
-    assert rebuilt.verify == {"samples": 256, "jpeg_mean_abs_error": 8.0, "loader_batch": 16}
+    assert rebuilt.verify == {"samples": 256, "jpeg_mean_abs_error": 8.0, "loader_batch": 16,
+                              "mode": "auto", "full_max_samples": 100000}
     assert (rebuilt.fields, rebuilt.writer, rebuilt.source) == (spec.fields, spec.writer, spec.source)
 
 
