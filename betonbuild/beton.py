@@ -426,7 +426,11 @@ class BetonFile:
         jpeg = column["mode"] == IMAGE_MODE_JPEG
         if jpeg.any():
             found = self.match_allocations(column["data_ptr"][jpeg], np.asarray(rows, dtype=np.uint64)[jpeg])
-            sizes[jpeg] = np.where(found >= 0, self._sorted_table[2][np.maximum(found, 0)].astype(np.int64), -1)
+            table_sizes = self._sorted_table[2]
+            if table_sizes.size:  # an empty allocation table matches nothing (a hostile file can say so)
+                sizes[jpeg] = np.where(found >= 0, table_sizes[np.maximum(found, 0)].astype(np.int64), -1)
+            else:
+                sizes[jpeg] = -1
         sizes[(column["mode"] != IMAGE_MODE_JPEG) & (column["mode"] != IMAGE_MODE_RAW)] = -1
         return sizes
 
