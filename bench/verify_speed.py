@@ -175,11 +175,11 @@ def main() -> None:
             mine = (used_after.ru_utime + used_after.ru_stime) - (used_before.ru_utime + used_before.ru_stime)
             result["other_cpu_seconds"] = max(0.0, result["other_cpu_seconds"] - mine)
         write, verify = stages["write"], stages["verify"]
-        row = (write["seconds"], verify["seconds"], write["cpu_seconds"], verify["cpu_seconds"])
-        rows.append(row)
-        quiet = max(write["other_cpu_seconds"], verify["other_cpu_seconds"]) < QUIET_CPU_SECONDS
-        if quiet:
-            clean.append(row)
+        rows.append((write["seconds"], verify["seconds"], write["cpu_seconds"], verify["cpu_seconds"]))
+        for stage in ("write", "verify"):
+            if stages[stage]["other_cpu_seconds"] < QUIET_CPU_SECONDS:
+                clean.append((stage, stages[stage]["seconds"]))
+        quiet = all(stages[s]["other_cpu_seconds"] < QUIET_CPU_SECONDS for s in stages)
         print(f"run {repeat + 1}: write {write['seconds']:.2f} s ({write['cpu_seconds']:.1f} CPU s), "
               f"full verify {verify['seconds']:.2f} s ({verify['cpu_seconds']:.1f} CPU s; {verify['compared']} "
               f"samples, JPEG mean abs error {verify['jpeg_mean_abs_error_mean']} avg / "
@@ -190,11 +190,13 @@ def main() -> None:
                          "--workers", str(args.cpus)], workdir)
     cli_verify = run_cli(["verify", "--config", "config.yaml", "--dataset", "crops", "crops.beton",
                           "--threads", str(args.cpus), "--output", "crops.verify.json"], workdir)
-    if clean:
-        c_write, c_verify = (np.array(x) for x in list(zip(*clean))[:2])
-        print(f"quiet runs ({len(clean)} of {len(rows)}, other processes under {QUIET_CPU_SECONDS} CPU s): "
-              f"median write {np.median(c_write):.2f} s, full verify {np.median(c_verify):.2f} s "
-              f"(ratio {np.median(c_verify) / np.median(c_write):.2f})")
+    quiet_write = [t for stage, t in clean if stage == "write"]
+    quiet_verify = [t for stage, t in clean if stage == "verify"]
+    if quiet_write and quiet_verify:
+        print(f"quiet stage runs (other processes used under {QUIET_CPU_SECONDS} CPU s meanwhile): write "
+              f"{len(quiet_write)} of {len(rows)}, median {np.median(quiet_write):.2f} s; full verify "
+              f"{len(quiet_verify)} of {len(rows)}, median {np.median(quiet_verify):.2f} s "
+              f"(ratio {np.median(quiet_verify) / np.median(quiet_write):.2f})")
     writes, verifies, write_cpu, verify_cpu = (np.array(x) for x in zip(*rows))
     print(f"\nfile: {size / 2**20:.0f} MiB; cpus: {args.cpus}")
     print(f"in-process, median of {args.repeats}: write {np.median(writes):.2f} s, full verify {np.median(verifies):.2f} s "
