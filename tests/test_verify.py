@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import textwrap
+import os
 from pathlib import Path
 
 import numpy as np
@@ -215,19 +216,26 @@ def test_jpeg_tolerance_is_enforced_with_the_error_reported(project: Path):
     assert variable["fields"]["image"]["mismatches"] == 10 and variable["fields"]["image"]["jpeg_mean_abs_error_max"] > 0.5
 
 
+def write_and_verify_image_folder(tmp_path: Path, root: str, image_field: dict, workers: int) -> dict:
+    """Writes the image folder ``root`` (cwd-relative) with ``image_field`` + an int label, and verifies it."""
+    config = {"datasets": {"d": {"source": {"kind": "image_folder", "root": root},
+                                 "fields": {"image": image_field, "label": {"type": "int"}}}}}
+    spec = load_config(config).datasets["d"]
+    source = open_source(spec)
+    rows = np.arange(len(source))
+    target = tmp_path / f"{root}.beton"
+    with open(os.devnull, "w") as quiet:
+        write_beton(spec, source, rows, target, workers, log=quiet)
+    return verify_beton(spec, source, rows, str(target), ffcv_build(), threads=2)
+
+
 def test_an_image_folder_is_checked_in_full_with_its_source_files_decoded_fast(tmp_path: Path, monkeypatch):
     from conftest import make_photo_folder
 
     make_photo_folder(tmp_path / "photos", per_class=4)
     monkeypatch.chdir(tmp_path)
-    config = {"datasets": {"p": {"source": {"kind": "image_folder", "root": "photos"},
-                                 "fields": {"image": {"type": "rgb_image", "write_mode": "jpg", "max_resolution": 40},
-                                            "label": {"type": "int"}}}}}
-    spec = load_config(config).datasets["p"]
-    source = open_source(spec)
-    rows = np.arange(len(source))
-    write_beton(spec, source, rows, tmp_path / "p.beton", 2, log=open("/dev/null", "w"))
-    report = verify_beton(spec, source, rows, str(tmp_path / "p.beton"), ffcv_build(), threads=2)
+    report = write_and_verify_image_folder(tmp_path, "photos", {"type": "rgb_image", "write_mode": "jpg",
+                                                                 "max_resolution": 40}, workers=2)
     assert report["ok"], report["worst"]
     image = check(report, "variable_fields")["fields"]["image"]
     assert image["compared"] == image["jpeg"] == image["source_decoded_fast"] == 8
@@ -315,15 +323,8 @@ def test_jpeg_source_files_are_decoded_by_libjpeg_turbo_exactly_as_pil_decodes_t
         assert np.array_equal(decoder.decode_rgb(data), np.asarray(Image.open(path)))
     decoder.close()
     monkeypatch.chdir(tmp_path)
-    config = {"datasets": {"j": {"source": {"kind": "image_folder", "root": "jpegs"},
-                                 "fields": {"image": {"type": "rgb_image", "write_mode": "smart",
-                                                      "smart_threshold": 9300},
-                                            "label": {"type": "int"}}}}}
-    spec = load_config(config).datasets["j"]
-    source = open_source(spec)
-    rows = np.arange(len(source))
-    write_beton(spec, source, rows, tmp_path / "j.beton", 1, log=open("/dev/null", "w"))
-    report = verify_beton(spec, source, rows, str(tmp_path / "j.beton"), ffcv_build(), threads=2)
+    report = write_and_verify_image_folder(tmp_path, "jpegs", {"type": "rgb_image", "write_mode": "smart",
+                                                                "smart_threshold": 9300}, workers=1)
     assert report["ok"], report["worst"]
     image = check(report, "variable_fields")["fields"]["image"]
     assert image["source_decoded_fast"] == image["compared"] == 9
