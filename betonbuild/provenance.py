@@ -33,7 +33,7 @@ def ffcv_build() -> dict:
     return {
         "ffcv_distribution": importlib.metadata.version("ffcv"),
         "ffcv_module_version": match.group(1) if match else None,
-        "libffcv_sha256": _sha256(libs[0]),
+        "libffcv_sha256": _sha256_of_file(libs[0]),
         "libffcv_file": os.path.basename(libs[0]),
         "numpy": importlib.metadata.version("numpy"),
         "python": platform.python_version(),
@@ -61,9 +61,6 @@ def build_differences(writer: dict, reader: dict) -> list[str]:
     return [f"{k}: written by {writer.get(k)!r}, read by {reader.get(k)!r}" for k in BUILD_KEYS if writer.get(k) != reader.get(k)]
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
+def _sha256_of_file(path: str) -> str:
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()

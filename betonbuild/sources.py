@@ -223,12 +223,9 @@ def _require_files(dataset: str, files: list[str]) -> None:
             raise SourceError(dataset, f"source file {path} does not exist (working directory {os.getcwd()})")
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
+def sha256_file(path: str | os.PathLike) -> str:
     with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def fingerprint_files(files: list[str]) -> dict[str, Any]:

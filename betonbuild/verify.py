@@ -9,7 +9,6 @@ comparisons run on a thread pool over chunks of rows (cv2, numpy and hashlib rel
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -35,7 +34,7 @@ from .errors import BetonbuildError, BetonFormatError
 from .fields import TYPE_IDS
 from .provenance import build_differences, ffcv_build
 from .samples import check_sample, check_value
-from .sources import ArraysSource, ImageFolderSource
+from .sources import ArraysSource, ImageFolderSource, sha256_file
 from .spec import DatasetSpec
 
 CHUNK_ROWS = 4096  # rows compared at once: bounds the memory of the vectorised comparison
@@ -70,14 +69,6 @@ class Report:
     def worst(self) -> str | None:
         failed = [c for c in self.checks if not c["ok"]]
         return f"{failed[0]['name']}: {failed[0]['detail']}" if failed else None
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def resolve_mode(spec: DatasetSpec, num_rows: int, every_variable_sample: bool = False) -> str:
@@ -122,7 +113,7 @@ def verify_beton(
         "config": spec.to_dict(),
     }
     with ThreadPoolExecutor(threads) as pool:
-        file_hash = pool.submit(sha256_of, path)
+        file_hash = pool.submit(sha256_file, path)
         try:
             _verify_file(spec, source, rows, path, mode, pool, threads, report, result)
         finally:
