@@ -22,6 +22,7 @@ class WineTable:
         return {
             "features": self.features[index],
             "label": label,
+            "class_name": str(self.class_names[label]),  # a str for the custom fixed-width UTF-8 field
             "meta": {"row": int(index), "class_name": str(self.class_names[label]), "source": "sklearn load_wine"},
         }
 

@@ -141,6 +141,11 @@ def write_threads(wildcards):
     return workflow.cores if workers < 1 else min(workers, workflow.cores)
 
 
+def verify_threads(wildcards):
+    """Full verification decodes on as many threads as the write used workers."""
+    return write_threads(wildcards)
+
+
 for _name, _spec in DATASETS.items():
     if is_webdataset_without_package(_spec):
         logger.warning(

@@ -2,7 +2,8 @@
 # that a cluster scheduler can pack jobs. A profile overrides any of them per rule, e.g.
 #   set-resources: {write: {mem_mb: 64000, runtime: 600}}   set-threads: {write: 16}
 #
-# Threads are the rules' own (`threads:`): 1, and for write writer.num_workers, at most --cores.
+# Threads are the rules' own (`threads:`): 1, and for write and verify writer.num_workers, at most
+# --cores.
 # What a job holds in RAM:
 #   every job          one Python process that imported ffcv, torch and numba (PROCESS_MB)
 #   + an .npz source   its arrays, loaded whole (.npy columns are memory-mapped, images read lazily)
@@ -24,9 +25,8 @@ import zipfile
 
 import numpy as np
 
-from betonbuild.beton import METADATA_TYPES
-from betonbuild.fields import TYPE_IDS
-from betonbuild.verify import CHUNK_ROWS
+from betonbuild.fields import metadata_type
+from betonbuild.verify import CHUNK_ROWS, resolve_mode
 
 MB = 1 << 20
 PROCESS_MB = 768  # measured: a job that imported ffcv and torch peaks at 430-530 MB
@@ -120,7 +120,7 @@ def num_samples(spec, input):
 
 def record_bytes(spec):
     """Bytes of one sample's metadata record: ffcv aligns the per-field types like this."""
-    fields = [(f.name, METADATA_TYPES[TYPE_IDS[f.type]]) for f in spec.fields]
+    fields = [(f.name, metadata_type(f)) for f in spec.fields]
     return np.dtype(fields, align=True).itemsize
 
 
@@ -253,8 +253,9 @@ def verify_mem_mb(wildcards, input, attempt):
     return _verify_mb(spec, num_samples(spec, input)) * attempt
 
 
-def verify_runtime(wildcards, input, attempt):
-    """Every fixed-size value, verify.samples decoded samples, and a hash of the whole file."""
+def verify_runtime(wildcards, input, threads, attempt):
+    """Every fixed-size value, the decoded variable-size samples (all of them in full mode, on the
+    job's threads), and a hash of the whole file."""
     spec = _spec(wildcards)
     samples = num_samples(spec, input)
     beton = input.get("beton")
@@ -266,7 +267,12 @@ def verify_runtime(wildcards, input, attempt):
     fixed = (
         samples * SECONDS_PER_FIXED_VALUE * sum(f.is_fixed_size for f in spec.fields)
     )
-    variable = min(samples, spec.verify["samples"]) * _seconds_per_sample(spec)
+    decoded = (
+        samples
+        if resolve_mode(spec, samples) == "full"
+        else min(samples, spec.verify["samples"])
+    )
+    variable = decoded * _seconds_per_sample(spec) / max(threads, 1)
     return _minutes(fixed + variable + nbytes / MB / READ_MB_PER_S, attempt)
 
 

@@ -12,7 +12,7 @@ rule verify:
         benchmark_path("verify")
     conda:
         "../envs/ffcv.yaml"
-    threads: 1
+    threads: verify_threads
     resources:
         mem_mb=verify_mem_mb,
         runtime=verify_runtime,

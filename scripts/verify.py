@@ -15,5 +15,6 @@ run(
         snakemake.output.report,
         snakemake.params.failed_report,
         smoke=snakemake.rule == "verify_smoke",
+        threads=snakemake.threads,
     ),
 )

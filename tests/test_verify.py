@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from betonbuild.beton import BetonFile
+from betonbuild.beton import BetonFile, page_usage
 from betonbuild.custom import FixedUTF8Field
 from betonbuild.digest import content_digest
 from betonbuild.errors import ConfigError, SampleError
@@ -23,6 +23,8 @@ from betonbuild.write import write_beton
 
 ADAPTER = textwrap.dedent(
     '''
+    import time
+
     import numpy as np
     from betonbuild.demo import colour_photos
 
@@ -32,13 +34,14 @@ ADAPTER = textwrap.dedent(
     class Mixed:
         """Every kind of field, real photo crops of varying size, and a fixed-width UTF-8 title."""
 
-        def __init__(self, n):
-            self.n = n
+        def __init__(self, n, delay):
+            self.n, self.delay = n, delay
 
         def __len__(self):
             return self.n
 
         def __getitem__(self, i):
+            time.sleep(self.delay)
             rng = np.random.default_rng(i)
             h, w = 24 + i % 7, 30 - i % 5
             return {
@@ -51,8 +54,8 @@ ADAPTER = textwrap.dedent(
             }
 
 
-    def make(n=40):
-        return Mixed(n)
+    def make(n=40, delay=0.0):
+        return Mixed(n, delay)
     '''
 )
 
@@ -76,9 +79,9 @@ def project(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path
 
 
-def spec_of(n: int = 40, fields: dict | None = None, **entry):
+def spec_of(n: int = 40, fields: dict | None = None, delay: float = 0.0, **entry):
     config = {"datasets": {"mixed": {
-        "source": {"kind": "python", "factory": "mixed_adapter:make", "args": {"n": n}},
+        "source": {"kind": "python", "factory": "mixed_adapter:make", "args": {"n": n, "delay": delay}},
         "fields": fields or MIXED_FIELDS,
         **entry,
     }}}
@@ -96,15 +99,17 @@ def check(report: dict, name: str) -> dict:
     return next(c for c in report["checks"] if c["name"] == name)
 
 
-def test_worker_count_and_page_size_do_not_change_the_content_digest(project: Path):
-    spec = spec_of(60, writer={"chunksize": 5})
+def test_one_and_two_writer_workers_give_different_bytes_and_the_same_content_digest(project: Path):
+    # A slow source keeps both workers busy, so each fills its own page: the layouts must differ.
+    spec = spec_of(60, delay=0.01, writer={"chunksize": 5})
     write(spec, project / "one.beton", workers=1)
-    write(spec, project / "two.beton", workers=2)  # may or may not interleave pages: scheduling decides
+    write(spec, project / "two.beton", workers=2)
     bigger_pages = spec_of(60, writer={"chunksize": 5, "page_size": "4MiB"})
     write(bigger_pages, project / "pages.beton", workers=1)
     files = [project / name for name in ("one.beton", "two.beton", "pages.beton")]
-    one, pages = (hashlib.sha256(f.read_bytes()).hexdigest() for f in (files[0], files[2]))
-    assert one != pages, "another page size lays the file out differently byte for byte"
+    digests = {hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    assert len(digests) == 3, "the layouts should differ byte for byte"
+    assert page_usage(BetonFile(files[1], {"title": FixedUTF8Field}))["pages_used"] == 2, "each worker filled a page"
     handlers = {"title": FixedUTF8Field}
     content = {content_digest(BetonFile(f, custom_handlers=handlers)) for f in files}
     assert len(content) == 1
