@@ -2,6 +2,8 @@
 VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= all
+# Test files run in parallel (one file per worker: module fixtures such as the SLURM cluster stay whole).
+PYTEST_WORKERS ?= auto
 
 .PHONY: setup run demo test lint lock bench clean
 
@@ -15,7 +17,7 @@ run: setup
 
 ## Set up and run the whole test suite (unit + workflow tests with real snakemake).
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/snakemake --lint
