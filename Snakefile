@@ -1,5 +1,6 @@
 # betonbuild: datasets -> validated FFCV .beton files.
-# Stages, in order: source manifest -> smoke .beton -> smoke verification -> full .beton -> verification.
+# Stages, in order: source manifest -> smoke .beton -> smoke verification -> full .beton (or its
+# parts and their merge) -> verification.
 
 
 configfile: "config/config.yaml"
@@ -14,6 +15,7 @@ include: "rules/demo.smk"
 include: "rules/sources.smk"
 include: "rules/smoke.smk"
 include: "rules/write.smk"
+include: "rules/partitions.smk"
 include: "rules/verify.smk"
 include: "rules/report.smk"
 

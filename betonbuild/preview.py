@@ -99,7 +99,9 @@ def summary_html(spec: DatasetSpec, report_path: str, record_path: str, benchmar
         lines = Path(path).read_text().splitlines()
         if len(lines) >= 2:
             values = dict(zip(lines[0].split("\t"), lines[-1].split("\t")))
-            timings.append([Path(path).parent.name, values.get("s"), values.get("max_rss")])
+            stage, stem = Path(path).parent.name, Path(path).stem  # write_part/{ds}.{part}.tsv: "write_part 3"
+            label = stage if stem == spec.name else f"{stage} {stem.removeprefix(spec.name + '.')}"
+            timings.append([label, values.get("s"), values.get("max_rss")])
     status = "verified OK" if report["ok"] else f"FAILED: {report.get('worst')}"
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{esc(spec.name)}</title>
 <style>body{{font-family:sans-serif}} table{{border-collapse:collapse;margin:0.5em 0}}

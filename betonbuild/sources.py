@@ -199,7 +199,8 @@ def source_fingerprint(spec: DatasetSpec, source) -> dict[str, Any]:
     combined.update(adapters["sha256"].encode())
     return {"files": len(source.entries) + adapters["files"],
             "bytes": int(sum(e["size"] for e in source.entries)) + adapters["bytes"],
-            "sha256": combined.hexdigest()}
+            "sha256": combined.hexdigest(),
+            "adapters_sha256": adapters["sha256"]}
 
 
 def input_files(spec: DatasetSpec) -> list[str]:
@@ -229,7 +230,8 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def fingerprint_files(files: list[str]) -> dict[str, Any]:
-    """sha256 of every input file, and one digest over (path, size, sha256) of them all."""
+    """sha256 of every input file (``file_sha256``, in order), and one digest over (path, size,
+    sha256) of them all."""
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         digests = list(pool.map(sha256_file, files))
     combined = hashlib.sha256()
@@ -238,4 +240,4 @@ def fingerprint_files(files: list[str]) -> dict[str, Any]:
         size = os.path.getsize(path)
         total += size
         combined.update(f"{path}\0{size}\0{digest}\n".encode())
-    return {"files": len(files), "bytes": total, "sha256": combined.hexdigest()}
+    return {"files": len(files), "bytes": total, "sha256": combined.hexdigest(), "file_sha256": digests}

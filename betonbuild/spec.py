@@ -55,6 +55,20 @@ class WriterSpec:
 
 
 @dataclass(frozen=True)
+class PartitionSpec:
+    """How the file is split into part jobs: ``count`` parts, or parts of ``samples`` samples."""
+
+    count: int | None
+    samples: int | None
+    keep_parts: bool
+
+    @property
+    def partitioned(self) -> bool:
+        """Written as parts and merged (else one direct write)."""
+        return self.samples is not None or (self.count or 1) > 1
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     name: str
     source: dict[str, Any]
@@ -63,6 +77,7 @@ class DatasetSpec:
     writer: WriterSpec
     smoke_samples: int
     verify: dict[str, Any]
+    partitions: PartitionSpec = PartitionSpec(None, None, True)
 
     @property
     def field_names(self) -> list[str]:
@@ -83,6 +98,9 @@ class DatasetSpec:
                 "shuffle": self.writer.shuffle,
                 "seed": self.writer.seed,
             },
+            "partitions": self.partitions.count,
+            "samples_per_partition": self.partitions.samples,
+            "keep_parts": self.partitions.keep_parts,
             "smoke": {"samples": self.smoke_samples},
             "verify": self.verify,
         }
@@ -202,6 +220,8 @@ def _dataset_spec(name: str, entry: dict[str, Any]) -> DatasetSpec:
             "a webdataset source is written in shard order: shuffle and indices are not supported "
             "(shuffle at load time with ffcv's Loader, order=RANDOM)",
         )
+    if entry["partitions"] is not None and entry["samples_per_partition"] is not None:
+        raise ConfigError(where, "give `partitions` or `samples_per_partition`, not both")
     return DatasetSpec(
         name=name,
         source=entry["source"],
@@ -212,6 +232,7 @@ def _dataset_spec(name: str, entry: dict[str, Any]) -> DatasetSpec:
         verify={**entry["verify"], "samples": int(entry["verify"]["samples"]),
                 "loader_batch": int(entry["verify"]["loader_batch"]),
                 "full_max_samples": int(entry["verify"]["full_max_samples"])},
+        partitions=PartitionSpec(entry["partitions"], entry["samples_per_partition"], bool(entry["keep_parts"])),
     )
 
 

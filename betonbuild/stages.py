@@ -1,12 +1,12 @@
 """The workflow's stages as plain functions: what each Snakemake rule (and the CLI) runs.
 
-source manifest -> smoke write -> smoke verify -> full write -> full verify. Each stage reads the
-dataset spec and the previous stage's files and writes its outputs atomically.
+source manifest -> smoke write -> smoke verify -> full write (or part writes and their merge) ->
+full verify. Each stage reads the dataset spec and the previous stage's files and writes its outputs
+atomically.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -15,18 +15,15 @@ from typing import Any
 import numpy as np
 
 from .atomic import write_json
-from .errors import SampleError, SourceError, VerificationError
+from .errors import MergeError, SampleError, SourceError, VerificationError
 from .failure import clear_failure, save_failure
+from .partitions import plan_partitions, rows_digest
 from .preflight import inspect_samples, largest_rows
 from .provenance import ffcv_build
 from .sources import open_source, source_fingerprint
 from .spec import DatasetSpec, resolve_indices, smoke_positions
 from .verify import verify_beton
 from .write import resolve_workers, write_beton
-
-
-def _digest(array: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(array, dtype="<i8").tobytes()).hexdigest()
 
 
 def make_shard_list(spec: DatasetSpec, shard_list_path: str) -> dict[str, Any]:
@@ -42,14 +39,16 @@ def make_source_manifest(spec: DatasetSpec, manifest_path: str) -> dict[str, Any
     """results/{ds}/source.json: length, final sample order and a fingerprint of the inputs."""
     source = open_source(spec, Path(manifest_path).parent)
     order = resolve_indices(spec.writer, len(source), spec.name)
+    inputs = source_fingerprint(spec, source)
     manifest = {
         "dataset": spec.name,
         "kind": spec.source["kind"],
         "length": len(source),
         "num_samples": int(len(order)),
-        "order_sha256": _digest(order),
-        "inputs": source_fingerprint(spec, source),
+        "order_sha256": rows_digest(order),
+        "inputs": {k: v for k, v in inputs.items() if k != "file_sha256"},  # per file: too long to keep
         "source": spec.source,
+        "partitions": plan_partitions(spec, source, order, inputs),
     }
     write_json(manifest_path, manifest)
     return manifest
@@ -65,8 +64,8 @@ def shard_work_items(source, rows: np.ndarray) -> list | None:
     return list(items.values())
 
 
-def rows_to_write(spec: DatasetSpec, source, manifest_path: str, smoke: bool) -> np.ndarray:
-    """Source index of every sample of the file: the final order, or the smoke subset of it."""
+def rows_to_write(spec: DatasetSpec, source, manifest_path: str, smoke: bool, part: int | None = None) -> np.ndarray:
+    """Source index of every sample of the file: the final order, the smoke subset of it, or a part's slice."""
     with open(manifest_path) as fh:
         manifest = json.load(fh)
     if len(source) != manifest["length"]:
@@ -76,40 +75,101 @@ def rows_to_write(spec: DatasetSpec, source, manifest_path: str, smoke: bool) ->
             "it changed during the build: run snakemake again",
         )
     order = resolve_indices(spec.writer, len(source), spec.name)
-    if _digest(order) != manifest["order_sha256"]:
+    if rows_digest(order) != manifest["order_sha256"]:
         raise SourceError(spec.name, f"the sample order differs from the one recorded in {manifest_path}")
     if smoke:
         return order[smoke_positions(len(order), spec.smoke_samples, spec.writer.seed)]
+    if part is not None:
+        entry = manifest["partitions"][part]
+        return order[entry["start"]:entry["stop"]]
     return order
 
 
 def build(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: str,
           threads: int | None = None, smoke: bool = False, inspect_path: str | None = None,
-          log=sys.stderr) -> dict[str, Any]:
-    """Writes the smoke or full .beton and a record of the write (its rows and the ffcv build).
+          part: int | None = None, log=sys.stderr) -> dict[str, Any]:
+    """Writes the smoke or full .beton, or one part of a partitioned one, and a record of the write
+    (its rows and the ffcv build).
 
     The smoke stage first inspects its samples and the largest ones (``inspect_path``). A bad
     sample is saved under ``results/{ds}/failure/`` for ``betonbuild repro``.
     """
     source = open_source(spec, Path(manifest_path).parent)
-    rows = rows_to_write(spec, source, manifest_path, smoke)
-    failure_dir = Path(beton_path).parent / "failure"
-    stage = "smoke" if smoke else "full"
+    rows = rows_to_write(spec, source, manifest_path, smoke, part)
+    # results/{ds}/failure/ (a part's file is in results/{ds}/parts/)
+    failure_dir = Path(beton_path).parents[0 if part is None else 1] / "failure"
+    stage = "smoke" if smoke else "full" if part is None else f"part {part}"
     try:
         if inspect_path:
             order = rows_to_write(spec, source, manifest_path, smoke=False)
             write_json(inspect_path, inspect_samples(spec, source, np.concatenate([rows, largest_rows(source, order)])))
-        # The smoke file is written by one worker: byte-identical across runs, and fastest to fail.
-        workers = 1 if smoke else resolve_workers(spec.writer.num_workers, threads)
+        # The smoke file and the parts are written by one worker: byte-identical across runs
+        # (a part's parallelism is the other parts' jobs), and the smoke file fails fastest.
+        workers = 1 if smoke or part is not None else resolve_workers(spec.writer.num_workers, threads)
         record = write_beton(spec, source, rows, beton_path, workers, label=f"{spec.name} ({stage})", log=log,
                              work_items=shard_work_items(source, rows))
     except SampleError as exc:
         saved = save_failure(failure_dir, spec, source, exc, stage)
         exc.args = (f"{exc}\nThe failing sample is saved in {saved}; replay it with: betonbuild repro {saved}",)
         raise
-    clear_failure(failure_dir)
-    record.update(dataset=spec.name, stage=stage, rows_sha256=_digest(rows), provenance=ffcv_build())
+    if part is None:  # a partitioned dataset's failure is cleared by its merge, when every part is written
+        clear_failure(failure_dir)
+    record.update(dataset=spec.name, stage=stage, rows_sha256=rows_digest(rows), provenance=ffcv_build())
+    if part is not None:
+        with open(manifest_path) as fh:
+            record.update(part=part, fingerprint=json.load(fh)["partitions"][part]["fingerprint"])
     write_json(record_path, record)
+    return record
+
+
+def merge_parts(spec: DatasetSpec, manifest_path: str, part_paths: list[str], part_records: list[str],
+                beton_path: str, record_path: str) -> dict[str, Any]:
+    """Joins the part files in order into the dataset's .beton (``betonbuild.merge``).
+
+    Every part must have been written for the partition the manifest now plans (same rows, same
+    source fingerprint) by the same ffcv build: a stale or foreign part is an error, never merged.
+    """
+    from .custom import handlers
+    from .merge import merge_betons
+
+    with open(manifest_path) as fh:
+        manifest = json.load(fh)
+    planned = manifest["partitions"]
+    if len(part_paths) != len(planned):
+        raise MergeError(f"dataset '{spec.name}': {len(part_paths)} part files given, the manifest plans {len(planned)}")
+    records = []
+    for index, (entry, record_file) in enumerate(zip(planned, part_records)):
+        with open(record_file) as fh:
+            record = json.load(fh)
+        for key in ("rows_sha256", "fingerprint"):
+            if record.get(key) != entry[key]:
+                raise MergeError(
+                    f"dataset '{spec.name}': part {index} ({part_paths[index]}) was written for other "
+                    f"{'rows' if key == 'rows_sha256' else 'source content'} than {manifest_path} now plans; "
+                    f"rewrite it: snakemake --forcerun write_part (or delete the file)")
+        records.append(record)
+    builds = {json.dumps(r["provenance"], sort_keys=True) for r in records}
+    if len(builds) != 1:
+        raise MergeError(f"dataset '{spec.name}': the parts were written by different ffcv builds: {sorted(builds)}")
+    merged = merge_betons(part_paths, beton_path, custom_classes=handlers(spec))
+    order = resolve_indices(spec.writer, manifest["length"], spec.name)
+    record = {
+        "dataset": spec.name,
+        "stage": "full",
+        "num_samples": merged["num_samples"],
+        "num_workers": 1,
+        "page_size": spec.writer.page_size,
+        "chunksize": spec.writer.chunksize,
+        "seconds": round(sum(r.get("seconds", 0) for r in records) + merged["seconds"], 3),
+        "rows_sha256": rows_digest(order),
+        "provenance": records[0]["provenance"],
+        "partitions": [{k: r.get(k) for k in ("part", "num_samples", "seconds", "fingerprint")} for r in records],
+        "merge": {k: v for k, v in merged.items() if k != "parts"},
+    }
+    if record["rows_sha256"] != manifest["order_sha256"]:
+        raise MergeError(f"dataset '{spec.name}': the sample order differs from the one recorded in {manifest_path}")
+    write_json(record_path, record)
+    clear_failure(Path(beton_path).parent / "failure")
     return record
 
 
@@ -124,7 +184,7 @@ def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: 
     rows = rows_to_write(spec, source, manifest_path, smoke)
     with open(record_path) as fh:
         record = json.load(fh)
-    if record.get("rows_sha256") != _digest(rows):
+    if record.get("rows_sha256") != rows_digest(rows):
         raise VerificationError(f"{record_path} was written for other rows than the manifest now gives")
     report = verify_beton(spec, source, rows, beton_path, record.get("provenance"), every_variable_sample=smoke,
                           threads=threads or 1)

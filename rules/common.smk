@@ -1,3 +1,5 @@
+import json
+import os
 import re
 
 from snakemake.utils import validate
@@ -26,8 +28,21 @@ onstart:
     record_lock_owner()
 
 
+def names_pattern(names):
+    """A regex matching exactly these dataset names (and nothing when there is none)."""
+    return "|".join(re.escape(name) for name in names) or "(?!x)x"
+
+
 wildcard_constraints:
-    ds="|".join(re.escape(name) for name in DATASETS) or "[A-Za-z0-9_-]+",
+    ds=names_pattern(DATASETS),
+    part=r"\d+",
+
+
+# A partitioned dataset's .beton is the merge of its parts; the others are written directly.
+PARTITIONED = [name for name, spec in DATASETS.items() if spec.partitions.partitioned]
+UNPARTITIONED = [name for name in DATASETS if name not in PARTITIONED]
+KEEP_PARTS = [name for name in PARTITIONED if DATASETS[name].partitions.keep_parts]
+TEMP_PARTS = [name for name in PARTITIONED if name not in KEEP_PARTS]
 
 
 def result(name):
@@ -55,10 +70,23 @@ def all_outputs():
 
 def stage_benchmarks(wildcards):
     """The benchmark files of the dataset's build stages: the report's timings table."""
-    stages = ["source_manifest", "smoke", "verify_smoke", "write", "verify"]
+    partitioned = wildcards.ds in PARTITIONED
+    stages = ["source_manifest", "smoke", "verify_smoke"]
+    stages += ["merge"] if partitioned else ["write"]
+    stages += ["verify"]
     if is_webdataset(DATASETS[wildcards.ds]):
         stages.insert(0, "shard_list")
-    return [benchmark_path(stage).format(ds=wildcards.ds) for stage in stages]
+    paths = [benchmark_path(stage).format(ds=wildcards.ds) for stage in stages]
+    if partitioned:
+        paths[-2:-2] = [
+            part_benchmark_path().format(ds=wildcards.ds, part=i)
+            for i in range(num_parts(wildcards))
+        ]
+    return paths
+
+
+def part_benchmark_path():
+    return "benchmarks/write_part/{ds}.{part}.tsv"
 
 
 def source_inputs(wildcards):
@@ -99,6 +127,40 @@ def manifest(wildcards):
     return checkpoints.source_manifest.get(ds=wildcards.ds).output.manifest
 
 
+def num_parts(wildcards):
+    """How many parts the source manifest planned (a checkpoint: known once it ran)."""
+    with open(manifest(wildcards)) as fh:
+        return len(json.load(fh)["partitions"])
+
+
+def part_files(name):
+    """Input function: every part's `name` ("beton" or "write.json"), in order."""
+
+    def files(wildcards):
+        return [
+            result(f"parts/{i}.{name}").format(ds=wildcards.ds)
+            for i in range(num_parts(wildcards))
+        ]
+
+    return files
+
+
+def ancient_manifest(wildcards):
+    """The manifest as a part's input, by content not date: a change elsewhere in the source
+    rewrites the manifest, but reruns a part only through its own `partition` parameter.
+    """
+    return ancient(manifest(wildcards))
+
+
+def partition_plan(wildcards):
+    """The part's slice of the sample order and its source fingerprint: a rule parameter, so a
+    change of exactly this part's source content (or rows) reruns it. (Read through the
+    checkpoint, not from `input`: Snakemake does not compare parameters derived from input.)
+    """
+    with open(manifest(wildcards)) as fh:
+        return json.load(fh)["partitions"][int(wildcards.part)]
+
+
 def _spec_parts(wildcards, *parts):
     full = DATASETS[wildcards.ds].to_dict()
     keep = ("name", "source", "fields", "sample_keys", "writer") + parts
@@ -106,8 +168,13 @@ def _spec_parts(wildcards, *parts):
 
 
 def write_spec(wildcards):
-    """What determines the full file's bytes (and the source manifest)."""
+    """What determines the full file's bytes."""
     return _spec_parts(wildcards)
+
+
+def manifest_spec(wildcards):
+    """The source manifest also plans the partitions."""
+    return _spec_parts(wildcards, "partitions", "samples_per_partition")
 
 
 def smoke_spec(wildcards):

@@ -32,6 +32,7 @@ MB = 1 << 20
 PROCESS_MB = 768  # measured: a job that imported ffcv and torch peaks at 430-530 MB
 WORKER_MB = 256  # a forked writer worker, beyond its page buffer
 ORDER_BYTES_PER_SAMPLE = 16  # the index range and its seeded permutation, int64 each
+ALLOCATION_BYTES = 24  # one allocation-table entry: sample id, pointer, size
 PYTHON_VALUE_BYTES = 160  # a numpy value in a Python list (verifying a python source)
 LOADER_COPIES = 2  # ffcv.Loader's batch buffer and our decoded copy of it
 UNKNOWN_LENGTH = (
@@ -246,6 +247,52 @@ def smoke_runtime(wildcards, input, attempt):
     """The smoke samples, plus a look for the largest samples of the source."""
     spec = _spec(wildcards)
     return _minutes(_smoke_samples(spec, input) * _seconds_per_sample(spec), attempt)
+
+
+def _part_samples(spec, wildcards, input):
+    """Samples of one part: planned in the manifest, else an even share of the estimate."""
+    manifest = _manifest(input)
+    if manifest:
+        return int(manifest["partitions"][int(wildcards.part)]["num_samples"])
+    total = num_samples(spec, input)
+    if spec.partitions.samples is not None:
+        return min(total, spec.partitions.samples)
+    return math.ceil(total / (spec.partitions.count or 1))
+
+
+def part_mem_mb(wildcards, input, attempt):
+    spec = _spec(wildcards)
+    return _write_mb(spec, _part_samples(spec, wildcards, input), 1) * attempt
+
+
+def part_runtime(wildcards, input, attempt):
+    """A part's share of the write, on its one worker."""
+    spec = _spec(wildcards)
+    samples = _part_samples(spec, wildcards, input)
+    share = samples / max(num_samples(spec, input), 1)
+    encode = samples * _seconds_per_sample(spec)
+    io = (
+        (_input_bytes(spec, input) * share + samples * fixed_bytes(spec))
+        / MB
+        / READ_MB_PER_S
+    )
+    return _minutes(encode + io, attempt)
+
+
+def merge_mem_mb(wildcards, input, attempt):
+    """Every part's metadata and allocation table, and the merged copies of them."""
+    spec = _spec(wildcards)
+    samples = num_samples(spec, input)
+    allocations = samples * len(spec.fields) * ALLOCATION_BYTES
+    return (PROCESS_MB + 2 * _mb(samples * record_bytes(spec) + allocations)) * attempt
+
+
+def merge_runtime(wildcards, input, attempt):
+    """A copy of every part's data region."""
+    nbytes = sum(
+        os.path.getsize(p) for p in input.get("parts", []) if os.path.exists(p)
+    )
+    return _minutes(nbytes / MB / READ_MB_PER_S, attempt)
 
 
 def verify_mem_mb(wildcards, input, attempt):

@@ -44,6 +44,6 @@ checkpoint source_manifest:
         mem_mb=source_manifest_mem_mb,
         runtime=source_manifest_runtime,
     params:
-        spec=write_spec,
+        spec=manifest_spec,
     script:
         "../scripts/source_manifest.py"

@@ -1,5 +1,5 @@
 rule write:
-    """The full .beton, written by the job's threads as ffcv workers."""
+    """The full .beton of a dataset without partitions, written by the job's threads as ffcv workers."""
     input:
         manifest=manifest,
         smoke_report=result("smoke.verify.json"),
@@ -10,6 +10,8 @@ rule write:
         log_path("write"),
     benchmark:
         benchmark_path("write")
+    wildcard_constraints:
+        ds=names_pattern(UNPARTITIONED),
     conda:
         "../envs/ffcv.yaml"
     threads: write_threads

@@ -1,0 +1,123 @@
+"""A dataset's partitions: contiguous slices of its final sample order, each with its own fingerprint.
+
+The source manifest plans them (``plan_partitions``); each part is then one Snakemake job that
+writes ``results/{ds}/parts/{i}.beton`` and the merge joins them in order. A part's fingerprint is
+a digest of exactly the source content its samples are read from, so that a change to one part's
+source (one shard, one image, some rows of an array) changes that part's fingerprint alone and
+Snakemake (which sees it as a rule parameter) rewrites that part alone:
+
+- webdataset: a part is a contiguous group of whole shards; its fingerprint covers their sha256s.
+- image folder: the relative path and sha256 of every image file of the part.
+- arrays: the part's rows of every column, as bytes.
+- python: the adapter code's digest; a factory's samples cannot be hashed without reading them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+from .spec import DatasetSpec
+
+
+def rows_digest(rows: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(rows, dtype="<i8").tobytes()).hexdigest()
+
+
+def partition_bounds(spec: DatasetSpec, num_samples: int, shard_counts: list[int] | None = None) -> list[tuple[int, int]]:
+    """[(start, stop)] positions into the final order, one per part, covering it in order."""
+    wanted = spec.partitions
+    if shard_counts is not None:
+        return _shard_groups(spec, shard_counts)
+    if wanted.samples is not None:
+        count = math.ceil(num_samples / wanted.samples)
+        return [(start, min(start + wanted.samples, num_samples)) for start in range(0, num_samples, wanted.samples)][:count]
+    count = wanted.count or 1
+    if count > num_samples:
+        raise ConfigError(f"datasets.{spec.name}.partitions",
+                          f"{count} partitions for {num_samples} samples: a part needs at least one sample")
+    edges = [round(i * num_samples / count) for i in range(count + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _shard_groups(spec: DatasetSpec, counts: list[int]) -> list[tuple[int, int]]:
+    """Contiguous groups of whole shards, about equal in samples (a shard is never split)."""
+    total = int(sum(counts))
+    wanted = spec.partitions
+    count = math.ceil(total / wanted.samples) if wanted.samples is not None else (wanted.count or 1)
+    count = max(1, count)
+    if count > len(counts):
+        if wanted.samples is not None:
+            count = len(counts)  # a shard holds more than samples_per_partition: one part per shard
+        else:
+            raise ConfigError(f"datasets.{spec.name}.partitions",
+                              f"{count} partitions for {len(counts)} shards: a part is a group of whole shards")
+    ends = np.cumsum(counts)
+    cuts = []
+    for k in range(1, count):
+        # the shard boundary nearest to k/count of the samples, after the previous cut, leaving a
+        # shard for every part still to come
+        lo = cuts[-1] + 1 if cuts else 1
+        hi = len(counts) - (count - k)
+        target = k * total / count
+        cuts.append(min(range(lo, hi + 1), key=lambda c: abs(int(ends[c - 1]) - target)))
+    shard_edges = [0, *cuts, len(counts)]
+    starts = np.concatenate([[0], ends])
+    return [(int(starts[a]), int(starts[b])) for a, b in zip(shard_edges[:-1], shard_edges[1:])]
+
+
+def plan_partitions(spec: DatasetSpec, source, order: np.ndarray, inputs: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per part: its slice of the order, the digest of its rows and of its source content."""
+    kind = spec.source["kind"]
+    counts = [int(e["samples"]) for e in source.entries] if kind == "webdataset" else None
+    bounds = partition_bounds(spec, len(order), counts)
+    if len(bounds) == 1:  # one direct write: the whole source's fingerprint says it all
+        return [_entry(0, 0, len(order), order, inputs["sha256"])]
+    parts = []
+    for index, (start, stop) in enumerate(bounds):
+        rows = order[start:stop]
+        if kind == "webdataset":
+            fingerprint = _shards_fingerprint(source, rows, inputs)
+        elif kind == "image_folder":
+            fingerprint = _files_fingerprint(source, rows, inputs)
+        elif kind == "arrays":
+            fingerprint = _rows_fingerprint(source, rows)
+        else:
+            fingerprint = inputs["sha256"]
+        parts.append(_entry(index, start, stop, rows, fingerprint))
+    return parts
+
+
+def _entry(index: int, start: int, stop: int, rows: np.ndarray, fingerprint: str) -> dict[str, Any]:
+    return {"index": index, "start": int(start), "stop": int(stop), "num_samples": int(stop - start),
+            "rows_sha256": rows_digest(rows), "fingerprint": fingerprint}
+
+
+def _shards_fingerprint(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:
+    first, last = source.location(int(rows[0]))[0], source.location(int(rows[-1]))[0]
+    digest = hashlib.sha256(inputs.get("adapters_sha256", "").encode())
+    for entry in source.entries[first:last + 1]:
+        digest.update(f"{entry['path']}\0{entry['size']}\0{entry['sha256']}\n".encode())
+    return digest.hexdigest()
+
+
+def _files_fingerprint(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:
+    digests = inputs["file_sha256"]
+    digest = hashlib.sha256()
+    for row in rows.tolist():
+        rel, label = source.items[row]
+        digest.update(f"{rel}\0{label}\0{digests[row]}\n".encode())
+    return digest.hexdigest()
+
+
+def _rows_fingerprint(source, rows: np.ndarray) -> str:
+    digest = hashlib.sha256()
+    for column in source.columns:
+        digest.update(f"{column.dtype.str}{column.shape[1:]}\n".encode())
+        for start in range(0, len(rows), 4096):  # bounded memory for large parts
+            digest.update(np.ascontiguousarray(column[rows[start:start + 4096]]).tobytes())
+    return digest.hexdigest()

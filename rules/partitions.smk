@@ -1,0 +1,67 @@
+rule write_part:
+    """One part of a partitioned dataset: a contiguous slice of the sample order, one writer
+    worker (reproducible bytes); the parts run side by side as separate jobs, also on a cluster.
+
+    A part reruns when its own `partition` parameter (rows, source fingerprint) changes, not when
+    the manifest's date does. It does not wait for the smoke gate (an input of the merge): a
+    dependency on the gate, which reruns on any source change, would hide a part's own reasons
+    from Snakemake (a job downstream of a rerunning one is only rerun through that dependency).
+    """
+    input:
+        manifest=ancient_manifest,
+    output:
+        beton=result("parts/{part}.beton"),
+        record=result("parts/{part}.write.json"),
+    log:
+        "logs/write_part/{ds}.{part}.log",
+    benchmark:
+        part_benchmark_path()
+    wildcard_constraints:
+        ds=names_pattern(KEEP_PARTS),
+    conda:
+        "../envs/ffcv.yaml"
+    threads: 1
+    resources:
+        mem_mb=part_mem_mb,
+        runtime=part_runtime,
+    params:
+        spec=write_spec,
+        partition=partition_plan,
+    script:
+        "../scripts/write_part.py"
+
+
+use rule write_part as write_temp_part with:
+    output:
+        beton=temp(result("parts/{part}.beton")),
+        record=temp(result("parts/{part}.write.json")),
+    wildcard_constraints:
+        ds=names_pattern(TEMP_PARTS),
+
+
+rule merge:
+    """The parts joined, in order, into the dataset's one standard .beton (betonbuild.merge)."""
+    input:
+        manifest=manifest,
+        smoke_report=result("smoke.verify.json"),
+        parts=part_files("beton"),
+        records=part_files("write.json"),
+    output:
+        beton=result("{ds}.beton"),
+        record=result("{ds}.write.json"),
+    log:
+        log_path("merge"),
+    benchmark:
+        benchmark_path("merge")
+    wildcard_constraints:
+        ds=names_pattern(PARTITIONED),
+    conda:
+        "../envs/ffcv.yaml"
+    threads: 1
+    resources:
+        mem_mb=merge_mem_mb,
+        runtime=merge_runtime,
+    params:
+        spec=write_spec,
+    script:
+        "../scripts/merge.py"
