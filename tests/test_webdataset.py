@@ -5,7 +5,10 @@ the colour photographs bundled with scikit-image/scikit-learn (JPEG, one as PNG)
 JSON metadata, and sklearn's handwritten digits (.npy + class).
 
 How the cases run (2 cores; a process that imports ffcv costs ~4 s):
-- unit tests of ``betonbuild.wds`` in this process (no ffcv);
+- unit tests of ``betonbuild.wds`` in this process (no ffcv), among them: the tar scan against
+  tarfile (ustar, GNU, PAX; plain and compressed) and webdataset's grouping, damaged tars, and the
+  cv2 decode of plain JPEGs against webdataset's rgb8 (real photos, every JPEG flavour, PNG, damage);
+- the .beton written with the cv2 decode against the one written with PIL only (one driver process);
 - one module-scoped project built once by real ``snakemake all``: ``photos`` (a glob of photo
   shards, keys + decode) and ``digits`` (a brace pattern of ShardWriter shards read through a
   ``pipeline: module:function``); its content tests read the .beton files back; the incremental
@@ -289,6 +292,391 @@ def test_indexed_source_is_safe_to_read_from_two_threads(photo_shards):
             assert got == expected
     finally:
         sys.setswitchinterval(interval)
+
+
+# -- the tar scan: tarfile's member names, webdataset's samples, and no quiet end ---------------
+
+
+def _tarfile_members(path) -> list[tuple[str, bool]]:
+    """What webdataset reads: tarfile in stream mode."""
+    import tarfile
+
+    with tarfile.open(path, "r|*") as tar:
+        return [(m.name, m.isreg()) for m in tar]
+
+
+def _scanned(path) -> list[tuple[str, bool]]:
+    from betonbuild.wds import open_shard, tar_members
+
+    with open_shard(str(path)) as (fh, size):
+        return list(tar_members(fh, size))
+
+
+LONG_DIR = "d" * 90 + "/" + "e" * 70  # names past 100 bytes: a ustar prefix, a GNU 'L' or a PAX path
+
+
+def _odd_tar(path: Path, fmt: str, compression: str = "") -> Path:
+    """Real photo bytes under every kind of name and member tarfile writes in ``fmt``."""
+    import tarfile
+
+    jpg = photo_samples()[0]["jpg"]
+    files = [
+        ("dir.v1/0001.jpg", jpg), ("dir.v1/0001.cls", b"3"),  # a dot in a directory
+        ("0002.JPG", jpg), ("0002.Seg.PNG", jpg),  # upper case, two extensions
+        ("__meta__", b"{}"), ("__x__/0003.cls", b"1"),  # webdataset's meta members: skipped
+        ("README", b"no extension: no sample key"),
+        (f"{LONG_DIR}/0004.jpg", jpg), (f"{LONG_DIR}/0004.cls", b"4"),
+        ("café/0005.jpg", jpg), ("0006.txt", b""),  # a non-ASCII name, an empty member
+    ]
+    pax = {"comment": "a global header"} if fmt == "pax" else None
+    formats = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, f"w:{compression}", format=formats[fmt], pax_headers=pax) as tar:
+        directory = tarfile.TarInfo("dir.v1")
+        directory.type = tarfile.DIRTYPE
+        tar.addfile(directory)
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1700000000.5 if fmt == "pax" else 1700000000
+            tar.addfile(info, io.BytesIO(data))
+        for name, kind in (("0007.jpg", tarfile.SYMTYPE), ("0008.jpg", tarfile.LNKTYPE)):
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = kind, "0002.JPG"
+            tar.addfile(link)
+    return path
+
+
+@pytest.mark.parametrize("compression", ["", "gz", "bz2", "xz"])
+@pytest.mark.parametrize("fmt", ["ustar", "gnu", "pax"])
+def test_tar_scan_names_every_member_as_tarfile_does(tmp_path, fmt, compression):
+    path = _odd_tar(tmp_path / f"odd.tar{'.' + compression if compression else ''}", fmt, compression)
+    scanned = _scanned(path)
+    assert scanned == _tarfile_members(path)
+    assert (f"{LONG_DIR}/0004.jpg", True) in scanned and ("café/0005.jpg", True) in scanned
+    assert ("dir.v1", False) in scanned and ("0007.jpg", False) in scanned
+
+
+@pytest.mark.parametrize("fmt", ["ustar", "gnu", "pax"])
+def test_count_shard_groups_samples_as_webdataset_does(tmp_path, monkeypatch, fmt):
+    """The count and the keys of what webdataset itself yields from the same shard."""
+    from betonbuild.wds import count_shard
+
+    monkeypatch.chdir(tmp_path)
+    path = _odd_tar(tmp_path / "odd.tar", fmt)
+    samples = list(wds.WebDataset("odd.tar", shardshuffle=False, empty_check=False, nodesplitter=None,
+                                  workersplitter=None))
+    keys = sorted({k for s in samples for k in s if not k.startswith("__")})
+    assert [s["__key__"] for s in samples] == ["dir.v1/0001", "0002", f"{LONG_DIR}/0004", "café/0005", "0006"]
+    spec = wds_spec(path.name, keys=None, pipeline="mod:fn")  # a pipeline: no key is required
+    assert count_shard(spec, path.name) == {"samples": len(samples), "keys": keys}
+    assert keys == ["cls", "jpg", "seg.png", "txt"]
+
+
+def _photo_shard_bytes(tmp_path: Path) -> tuple[bytes, list[tuple[str, int, int]]]:
+    shard = write_shard(tmp_path / "good.tar", photo_samples()[:5])
+    return shard.read_bytes(), _tar_offsets(shard)
+
+
+def _damaged(data: bytes, members, how: str) -> tuple[bytes, list[str]]:
+    """A PAX shard of 5 samples damaged ``how``, and what count_shard's message must say.
+
+    Each member is a PAX header block, its records block, then the member's header and data."""
+    start = {name: first for name, first, _ in members}
+    stop = {name: end for name, _, end in members}
+    last = stop["china_0.json"] + (-stop["china_0.json"]) % 512  # the end of the last member's padded data
+    if how == "cut_inside_payload":
+        return data[: stop["astronaut_1.jpg"] - 700], ["truncated at byte", "inside member 'astronaut_1.jpg'",
+                                                        "(sample key astronaut_1)", "unexpected end of data"]
+    if how == "cut_between_samples":
+        return data[: start["chelsea_0.cls"]], ["truncated at byte", "after member 'astronaut_1.json'",
+                                                "(sample key astronaut_1)"]
+    if how == "cut_inside_a_header":
+        return data[: start["chelsea_0.cls"] + 300], ["truncated", "after member 'astronaut_1.json'"]
+    if how == "no_end_blocks":
+        return data[:last], ["truncated", "after member 'china_0.json' (sample key china_0)"]
+    if how == "one_end_block":
+        return data[: last + 512], ["truncated", "the second end-of-archive block is missing"]
+    damaged = bytearray(data)
+    if how == "bad_checksum":
+        header = start["chelsea_0.jpg"] + 1024
+        damaged[header + 5] ^= 0x01  # one bit of the member's name
+        return bytes(damaged), [f"corrupt at byte {header}", "bad checksum",
+                                "after member 'chelsea_0.cls' (sample key chelsea_0)"]
+    if how == "garbage_header":
+        header = start["chelsea_0.cls"]
+        damaged[header : header + 512] = bytes(range(256)) * 2
+        return bytes(damaged), [f"corrupt at byte {header}", "not a tar header", "after member 'astronaut_1.json'"]
+    raise ValueError(how)
+
+
+DAMAGE = ["cut_inside_payload", "cut_between_samples", "cut_inside_a_header", "no_end_blocks", "one_end_block",
+          "bad_checksum", "garbage_header"]
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_count_shard_refuses_a_damaged_tar_naming_shard_member_and_key(tmp_path, monkeypatch, how):
+    from betonbuild.wds import count_shard
+
+    monkeypatch.chdir(tmp_path)
+    data, members = _photo_shard_bytes(tmp_path)
+    damaged, expect = _damaged(data, members, how)
+    Path("bad.tar").write_bytes(damaged)
+    started = time.monotonic()
+    with pytest.raises(SourceError) as info:
+        count_shard(wds_spec("bad.tar"), "bad.tar")
+    message = str(info.value)
+    assert message.startswith("dataset 'd': shard bad.tar is "), message
+    for part in expect:
+        assert part in message, f"{part!r} not in {message!r}"
+    assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize("how, members_read", [("cut_between_samples", 6), ("garbage_header", 6), ("no_end_blocks", 15)])
+def test_tarfile_alone_reads_these_shards_without_an_error(tmp_path, how, members_read):
+    """Why the scan requires the end-of-archive blocks: tarfile (so webdataset) just stops early."""
+    data, members = _photo_shard_bytes(tmp_path)
+    path = tmp_path / "bad.tar"
+    path.write_bytes(_damaged(data, members, how)[0])
+    assert _tarfile_members(path) == [(name, True) for name, _, _ in members[:members_read]]
+
+
+def test_count_shard_reads_compressed_shards_and_refuses_a_cut_one(tmp_path, monkeypatch):
+    import gzip
+
+    from betonbuild.wds import count_shard
+
+    monkeypatch.chdir(tmp_path)
+    data, members = _photo_shard_bytes(tmp_path)
+    Path("good.tar.gz").write_bytes(gzip.compress(data))
+    assert count_shard(wds_spec("good.tar.gz"), "good.tar.gz") == count_shard(wds_spec("good.tar"), "good.tar")
+    Path("cut_tar.tar.gz").write_bytes(gzip.compress(_damaged(data, members, "cut_inside_payload")[0]))
+    with pytest.raises(SourceError, match=r"shard cut_tar\.tar\.gz is truncated at byte \d+, inside member "
+                                          r"'astronaut_1\.jpg' \(sample key astronaut_1\)"):
+        count_shard(wds_spec("cut_tar.tar.gz"), "cut_tar.tar.gz")
+    compressed = gzip.compress(data)
+    Path("cut_gzip.tar.gz").write_bytes(compressed[: len(compressed) // 2])
+    with pytest.raises(SourceError, match=r"shard cut_gzip\.tar\.gz is not a readable tar file .*EOFError"):
+        count_shard(wds_spec("cut_gzip.tar.gz"), "cut_gzip.tar.gz")
+
+
+def test_count_shard_refuses_a_gnu_sparse_member(tmp_path, monkeypatch):
+    from betonbuild.wds import count_shard
+
+    monkeypatch.chdir(tmp_path)
+    data, members = _photo_shard_bytes(tmp_path)
+    damaged = bytearray(data)
+    header = next(start for name, start, _ in members if name == "astronaut_1.jpg") + 1024  # after its PAX header
+    damaged[header + 156 : header + 157] = b"S"
+    checksum = 256 + sum(damaged[header : header + 148]) + sum(damaged[header + 156 : header + 512])
+    damaged[header + 148 : header + 156] = b"%06o\0 " % checksum
+    Path("sparse.tar").write_bytes(bytes(damaged))
+    with pytest.raises(SourceError, match="GNU sparse file, which betonbuild does not read"):
+        count_shard(wds_spec("sparse.tar"), "sparse.tar")
+
+
+# -- decoding: plain JPEGs through cv2, the same arrays as webdataset's rgb8 ----------------------
+
+
+def _encoded(image: np.ndarray, fmt: str = "JPEG", mode: str | None = None, **options) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    picture = Image.fromarray(image)
+    (picture.convert(mode) if mode else picture).save(out, format=fmt, **options)
+    return out.getvalue()
+
+
+def _with_orientation(image: np.ndarray) -> bytes:
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 degrees to display": rgb8 does not apply it
+    return _encoded(image, quality=90, exif=exif.tobytes())
+
+
+def _cv2_jpeg(image: np.ndarray, *flags: int) -> bytes:
+    import cv2
+
+    return cv2.imencode(".jpg", np.ascontiguousarray(image[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, 90, *flags])[1].tobytes()
+
+
+_IMAGE_CACHE: dict[str, tuple[str, bytes, bool]] = {}
+
+
+def image_payloads() -> dict[str, tuple[str, bytes, bool]]:
+    """name -> (extension, payload, whether cv2 decodes it): real photos stored the ways a shard may
+    hold them; crops of 90x70, not a multiple of the 16-pixel MCU."""
+    if _IMAGE_CACHE:
+        return _IMAGE_CACHE
+    import cv2
+    import skimage.data
+
+    from betonbuild.demo import colour_photos
+
+    out = _IMAGE_CACHE
+    for name, photo in sorted(colour_photos().items()):
+        crop = np.ascontiguousarray(photo[37:127, 51:121, :3])
+        out[f"{name}-420"] = ("jpg", _encoded(crop, quality=90), True)
+        out[f"{name}-444"] = ("jpg", _encoded(crop, quality=75, subsampling=0), True)
+        out[f"{name}-422"] = ("jpeg", _encoded(crop, quality=95, subsampling=1), True)
+        out[f"{name}-progressive"] = ("jpg", _encoded(crop, quality=85, progressive=True), True)
+        out[f"{name}-gray"] = ("jpg", _encoded(crop, mode="L", quality=90), True)
+        out[f"{name}-exif-rotated"] = ("jpg", _with_orientation(crop), True)
+        out[f"{name}-cv2-restarts"] = ("jpg", _cv2_jpeg(crop, cv2.IMWRITE_JPEG_RST_INTERVAL, 3), True)
+        out[f"{name}-cmyk"] = ("jpg", _encoded(crop, mode="CMYK", quality=90), False)
+        out[f"{name}-png"] = ("png", _encoded(crop, fmt="PNG"), False)
+        out[f"{name}-png-as-jpg"] = ("jpg", _encoded(crop, fmt="PNG"), False)  # PIL goes by content
+    for name in ("camera", "coins", "moon"):
+        gray = np.ascontiguousarray(getattr(skimage.data, name)()[11:101, 23:93])
+        out[f"{name}-gray"] = ("jpg", _encoded(gray, quality=90), True)
+        out[f"{name}-gray-progressive"] = ("jpg", _encoded(gray, quality=80, progressive=True), True)
+        out[f"{name}-png-gray"] = ("png", _encoded(gray, fmt="PNG"), False)
+        out[f"{name}-png-16bit"] = ("png", _encoded(gray.astype(np.uint16) * 257, fmt="PNG"), False)
+        out[f"{name}-png-palette"] = ("png", _encoded(np.stack([gray] * 3, -1), fmt="PNG", mode="P"), False)
+        out[f"{name}-png-rgba"] = ("png", _encoded(np.stack([gray] * 3, -1), fmt="PNG", mode="RGBA"), False)
+    return out
+
+
+def _rgb8(ext: str, payload: bytes):
+    """webdataset's own rgb8 decode."""
+    return wds.autodecode.Decoder([wds.autodecode.imagehandler("rgb8")]).decode1(ext, payload)
+
+
+@pytest.fixture
+def image_source(tmp_path, monkeypatch):
+    """A WebDatasetSource over one shard of all image_payloads(), with cv2's calls counted."""
+    import betonbuild.wds as wds_module
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(wds_module, "JPEG_KINDS", {})
+    calls: list[int] = []
+    real = wds_module.cv2_rgb8
+    monkeypatch.setattr(wds_module, "cv2_rgb8", lambda data: calls.append(1) or real(data))
+    samples = [{"__key__": f"{i:03d}_{name}", ext: payload}
+               for i, (name, (ext, payload, _)) in enumerate(image_payloads().items())]
+    write_shard(tmp_path / "images.tar", samples)
+    spec = wds_spec("images.tar", keys={"image": "jpg;jpeg;png"}, fields={"image": {"type": "rgb_image"}})
+    Path("shards.json").write_text(json.dumps(wds_module.shard_list(spec, "cache.json")))
+    return wds_module.WebDatasetSource(spec, "shards.json"), calls
+
+
+def test_jpeg_kind_admits_plain_jpegs_only():
+    from betonbuild.wds import jpeg_kind
+
+    for name, (_, payload, plain) in image_payloads().items():
+        assert (jpeg_kind(payload) is not None) == plain, name
+    jpeg = image_payloads()["astronaut-420"][1]
+    for damaged in (jpeg[:-1], jpeg[:-2], jpeg + b"\0", jpeg[:400] + b"\xff\xd9" + jpeg[400:], jpeg[:2] + jpeg[4:]):
+        assert jpeg_kind(damaged) is None
+
+
+def test_rgb8_decode_gives_webdataset_s_arrays_through_cv2_for_plain_jpegs(image_source):
+    import betonbuild.wds as wds_module
+
+    source, calls = image_source
+    payloads = list(image_payloads().items())
+    assert len(source) == len(payloads)
+    for index, (name, (ext, payload, plain)) in enumerate(payloads):
+        (image,) = source[index]
+        expected = _rgb8(ext, payload)
+        assert image.dtype == expected.dtype == np.uint8 and image.shape == expected.shape, name
+        assert image.shape[2] == 3 and np.array_equal(image, expected), name
+    assert len(calls) == sum(plain for _, (_, _, plain) in payloads)  # cv2 decoded every plain JPEG
+    assert len(wds_module.JPEG_KINDS) >= 5 and all(wds_module.JPEG_KINDS.values()), wds_module.JPEG_KINDS
+
+
+def test_a_cv2_that_disagrees_with_pil_leaves_that_kind_to_pil(image_source, monkeypatch):
+    import betonbuild.wds as wds_module
+
+    source, _ = image_source
+    real = wds_module.cv2_rgb8
+    monkeypatch.setattr(wds_module, "cv2_rgb8", lambda data: real(data) ^ np.uint8(1))  # another libjpeg
+    for index, (name, (ext, payload, _)) in enumerate(image_payloads().items()):
+        assert np.array_equal(source[index][0], _rgb8(ext, payload)), name
+    assert wds_module.JPEG_KINDS and not any(wds_module.JPEG_KINDS.values())
+
+
+@pytest.mark.filterwarnings("ignore:Tag data larger than file")  # PIL, reading a damaged EXIF block
+def test_a_damaged_jpeg_decodes_or_fails_exactly_as_with_webdataset(image_source):
+    """Seeded byte damage to real JPEGs: where PIL raises, cv2 alone often returns pixels."""
+    from betonbuild.wds import cv2_rgb8
+
+    source, _ = image_source
+    rng = np.random.default_rng(7)
+    plain = [payload for ext, payload, fast in image_payloads().values() if fast]
+    outcomes, cv2_alone_would_differ = {}, 0
+    for trial in range(400):
+        damaged = bytearray(plain[trial % len(plain)])
+        for _ in range(int(rng.integers(1, 4))):
+            damaged[int(rng.integers(2, len(damaged)))] = 0xFF if rng.random() < 0.3 else int(rng.integers(256))
+        if trial % 10 == 0:  # cut, with or without an end marker
+            damaged = damaged[: int(rng.integers(2, len(damaged)))] + (b"\xff\xd9" if trial % 20 else b"")
+        damaged = bytes(damaged)
+        try:
+            expected = _rgb8("jpg", damaged)
+        except Exception as exc:  # noqa: BLE001 - whatever PIL raises, the source must raise too
+            with pytest.raises(type(exc)):
+                source.decode1("jpg", damaged)
+            cv2_alone_would_differ += cv2_rgb8(damaged) is not None
+            outcomes["fails"] = outcomes.get("fails", 0) + 1
+            continue
+        assert np.array_equal(source.decode1("jpg", damaged), expected), trial
+        outcomes["decodes"] = outcomes.get("decodes", 0) + 1
+    assert outcomes.get("fails", 0) > 20 and outcomes.get("decodes", 0) > 20, outcomes
+    assert cv2_alone_would_differ > 0, outcomes
+
+
+FAST_DECODE_DRIVER = textwrap.dedent(
+    '''
+    """Writes the same shards twice: rgb8 JPEGs through cv2 (the default), then all through PIL."""
+    import json, os
+    from pathlib import Path
+
+    import betonbuild.wds as W
+    from betonbuild.spec import load_config
+    from betonbuild.stages import build, make_shard_list, make_source_manifest
+
+    spec = load_config({"datasets": {"images": json.loads(Path("entry.json").read_text())}}).datasets["images"]
+    make_shard_list(spec, "results/shards.json")
+    make_source_manifest(spec, "results/source.json")
+    real = W.cv2_rgb8
+
+    def counted(data):  # runs in the writer's worker processes: a file per process counts the calls
+        with open(f"cv2-calls-{os.getpid()}", "a") as fh:
+            fh.write("x")
+        return real(data)
+
+    W.cv2_rgb8 = counted
+    build(spec, "results/source.json", "results/cv2.beton", "results/cv2.json", threads=2)
+    W.jpeg_kind = lambda data: None  # every image through webdataset's decoder, as before cv2
+    build(spec, "results/source.json", "results/pil.beton", "results/pil.json", threads=2)
+    '''
+)
+
+
+def test_the_written_beton_is_the_same_with_cv2_decoding(tmp_path):
+    from betonbuild.beton import BetonFile
+
+    payloads = list(image_payloads().values())
+    samples = [{"__key__": f"s{i:03d}", ext: payload, "cls": i} for i, (ext, payload, _) in enumerate(payloads)]
+    half = len(samples) // 2
+    write_shard(tmp_path / "images-0.tar", samples[:half])
+    write_shard(tmp_path / "images-1.tar", samples[half:])
+    entry = {"source": {"kind": "webdataset", "shards": "images-{0..1}.tar",
+                        "keys": {"image": "jpg;jpeg;png", "label": "cls"}},
+             "fields": {"image": {"type": "rgb_image", "write_mode": "jpg"}, "label": {"type": "int"}}}
+    (tmp_path / "entry.json").write_text(json.dumps(entry))
+    (tmp_path / "results").mkdir()
+    proc = subprocess.run([PYTHON, "-c", FAST_DECODE_DRIVER], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    cv2_calls = sum(len(p.read_text()) for p in tmp_path.glob("cv2-calls-*"))
+    assert cv2_calls == sum(plain for _, _, plain in payloads)  # each plain JPEG once, through cv2
+    fast, reference = BetonFile(tmp_path / "results/cv2.beton"), BetonFile(tmp_path / "results/pil.beton")
+    assert fast.num_samples == reference.num_samples == len(samples)
+    assert fast.metadata["label"].tolist() == reference.metadata["label"].tolist() == list(range(len(samples)))
+    for row in range(len(samples)):
+        assert np.array_equal(fast.variable_payload("image", row), reference.variable_payload("image", row)), row
 
 
 # -- config checks ---------------------------------------------------------------------------
