@@ -28,11 +28,17 @@ def preview_rows(num_samples: int, limit: int = MAX_IMAGES) -> np.ndarray:
     return np.unique(np.linspace(0, num_samples - 1, limit).round().astype(np.int64))
 
 
+def _open(beton_path: str, spec: DatasetSpec) -> BetonFile:
+    from .custom import handlers
+
+    return BetonFile(beton_path, custom_handlers=handlers(spec))
+
+
 def contact_sheet(beton_path: str, spec: DatasetSpec, out_png: str) -> list[int]:
     """A grid of images decoded from the .beton, each captioned with its sample's int fields."""
     from PIL import Image, ImageDraw
 
-    beton = BetonFile(beton_path)
+    beton = _open(beton_path, spec)
     image_field = next(f.name for f in spec.fields if f.type == "rgb_image")
     label_fields = [f.name for f in spec.fields if f.type == "int"]
     rows = preview_rows(beton.num_samples)
@@ -57,7 +63,7 @@ def numeric_plot(beton_path: str, spec: DatasetSpec, out_png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    beton = BetonFile(beton_path)
+    beton = _open(beton_path, spec)
     panels = [f for f in spec.fields if f.type in ("int", "float", "ndarray", "torch_tensor")]
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4 * max(len(panels), 1), 3), squeeze=False)
     for ax, field in zip(axes[0], panels):
