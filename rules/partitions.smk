@@ -28,7 +28,7 @@ rule write_part:
         spec=write_spec,
         partition=partition_plan,
     script:
-        "../scripts/write_part.py"
+        "../scripts/write.py"
 
 
 use rule write_part as write_temp_part with:

@@ -1,4 +1,4 @@
-# The smoke and the full write: the rule's name says which.
+# The smoke write, the full write, or one part of a partitioned dataset: the rule says which.
 import sys
 
 sys.path.insert(0, snakemake.scriptdir + "/..")  # the conda route imports betonbuild from this checkout
@@ -15,5 +15,6 @@ run(
         threads=snakemake.threads,
         smoke=snakemake.rule == "smoke",
         inspect_path=snakemake.output.get("inspect"),
+        part=int(snakemake.wildcards.part) if "part" in snakemake.wildcards.keys() else None,
     ),
 )
