@@ -1,0 +1,137 @@
+"""``python -m bench.harness``: runs the benchmarks of issue 10 and records them (see bench/harness/__init__.py).
+
+    .venv/bin/python -m bench.harness [--only 1 4] [--quick] [--pairs 5] [--tree HEAD|worktree|DIR]
+
+By default it measures the last commit (``--tree HEAD``: a ``git archive`` snapshot, byte-compiled),
+not the working tree, so that uncommitted edits in a shared checkout cannot leak into the figures
+and every figure names the commit it belongs to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import report
+from .runner import REPO, ContentMismatch, Context
+
+MODULES = {1: "b1_jpeg_write", 2: "b2_raw_write", 3: "b3_encode_limit", 4: "b4_webdataset",
+           5: "b5_merge", 6: "b6_verify", 7: "b7_incremental", 8: "b8_workflow_scale"}
+GIB = 1 << 30
+
+# name: (default, --quick) sizes. Defaults: a few minutes per benchmark on 2 cores.
+SIZES = {
+    "jpeg_samples": (20_000, 2_000),  # issue 6: 20,000 crops
+    "raw_gib": (2.0, 0.25),  # issue 6: at least 2 GB
+    "wds_samples": (8_000, 800),  # issue 4: at least 8000 samples in at least 16 shards
+    "wds_shards": (16, 16),
+    "merge_parts": (4, 4),
+    "merge_part_mib": (256, 32),
+    "verify_samples": (20_000, 2_000),  # issue 5: 20,000 crops
+    "incremental_samples": (8_000, 800),
+    "incremental_partitions": (16, 16),  # issue 6: 1 of 16 partitions changed
+    "scale_datasets": (200, 20),  # issue 10: 200 datasets x 16 partitions
+    "scale_partitions": (16, 16),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.harness", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", type=int, nargs="+", choices=sorted(MODULES), help="run only these benchmarks")
+    parser.add_argument("--quick", action="store_true", help="small sizes and 2 pairs: checks that everything runs")
+    parser.add_argument("--pairs", type=int, help="timed rounds per comparison (default 5, --quick 2)")
+    parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)), help="workers/threads per side")
+    parser.add_argument("--tree", default="HEAD", help="HEAD (a snapshot of the last commit), worktree, or a path")
+    parser.add_argument("--quiet-below", type=float, default=0.3,
+                        help="before each run wait until other processes use fewer cores than this (0: never)")
+    parser.add_argument("--max-wait", type=float, default=10.0, help="...but at most this many seconds")
+    parser.add_argument("--cache", type=Path, default=REPO / "bench" / "cache" / "harness")
+    parser.add_argument("--json", type=Path, default=REPO / "bench" / "results.json")
+    parser.add_argument("--markdown", type=Path, default=REPO / "bench" / "RESULTS.md")
+    parser.add_argument("--no-record", action="store_true", help="print only; leave results.json and RESULTS.md")
+    for name, (default, _) in SIZES.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), help=f"default {default}")
+    return parser.parse_args(argv)
+
+
+def measured_tree(choice: str, cache: Path) -> tuple[Path, str]:
+    """The betonbuild source to measure, and how RESULTS.md names it."""
+    git = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, check=True).stdout
+    if choice == "worktree":
+        dirty = git("status", "--porcelain", "--", "betonbuild", "rules", "scripts", "Snakefile", "profiles").strip()
+        head = git("rev-parse", "--short", "HEAD").strip()
+        return REPO, f"working tree at {head}" + (" + uncommitted edits" if dirty else "")
+    if choice != "HEAD":
+        return Path(choice).resolve(), choice
+    commit = git("rev-parse", "HEAD").strip()
+    tree = cache / f"tree-{commit[:12]}"
+    if not (tree / "Snakefile").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        # What an installed package has: byte-compiled modules, not recompiled by every process.
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "betonbuild"), str(tree / "scripts")],
+                       check=True)
+    subject = git("log", "-1", "--format=%s", commit).strip()
+    return tree, f"{commit[:10]} ({subject[:60]})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = {name: getattr(args, name) if getattr(args, name) is not None else pair[int(args.quick)]
+             for name, pair in SIZES.items()}
+    tree, tree_name = measured_tree(args.tree, args.cache)
+    sys.path.insert(0, str(tree))  # the digests and data helpers import the measured betonbuild too
+    for name in [m for m in sys.modules if m == "betonbuild" or m.startswith("betonbuild.")]:
+        del sys.modules[name]
+    log_dir = args.cache / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ctx = Context(cache=args.cache, tree=tree, cores=args.cores, pairs=args.pairs or (2 if args.quick else 5),
+                  quick=args.quick, sizes=sizes, quiet_below=args.quiet_below, max_wait=args.max_wait, log_dir=log_dir)
+    command = "python -m bench.harness " + shlex.join(argv if argv is not None else sys.argv[1:])
+    results = report.load_json(args.json)
+    results["last_run"] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                           "command": command.strip(), "machine": report.machine(), "tree": tree_name, "sizes": sizes}
+    print(f"measuring {tree_name} on {ctx.cores} cores; logs in {log_dir}", flush=True)
+    failed = 0
+    for number in args.only or sorted(MODULES):
+        module = importlib.import_module(f".{MODULES[number]}", __package__)
+        print(f"\n== {number}. {module.TITLE}", flush=True)
+        started, load_before = time.monotonic(), os.getloadavg()[0]
+        try:
+            entry = module.run(ctx)
+        except ContentMismatch as exc:
+            failed += 1
+            entry = {"id": number, "name": module.NAME, "title": module.TITLE, "status": "content mismatch",
+                     "reason": f"{exc}; no time counts"}
+        except Exception as exc:  # noqa: BLE001 - one broken benchmark must not lose the others' figures
+            failed += 1
+            traceback.print_exc()
+            entry = {"id": number, "name": module.NAME, "title": module.TITLE, "status": "error",
+                     "reason": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        entry.setdefault("status", "measured")
+        entry.update(measured_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), command=command.strip(),
+                     tree=tree_name, pairs=ctx.pairs, duration_s=round(time.monotonic() - started),
+                     load1_start_end=[round(load_before, 2), round(os.getloadavg()[0], 2)])
+        if entry["status"] == "measured":
+            loads = [run["load1"] for r in entry["rounds"] for run in r.values() if "load1" in run]
+            entry["load1"] = {"min": min(loads), "max": max(loads)}
+        for line in report.table({"benchmarks": {module.NAME: entry}})[2:]:
+            print(line)
+        if not args.no_record:
+            results["benchmarks"][module.NAME] = entry
+            report.save_json(args.json, results)
+            report.update_markdown(args.markdown, results)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
