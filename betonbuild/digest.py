@@ -36,6 +36,7 @@ from .beton import CUSTOM_TYPE_ID, BetonFile
 from .errors import BetonFormatError
 
 PREFIX = b"betonbuild content digest v1\n"
+RANGE_PREFIX = b"betonbuild range digest v1\n"
 BLOCK = 1024
 SMALL_FIXED = 4096  # ndarray payloads up to this size are gathered in one copy per block
 _IMAGE_HEADER = np.dtype([("mode", "u1"), ("width", "<u2"), ("height", "<u2"), ("length", "<u8")])
@@ -50,17 +51,28 @@ def header(beton: BetonFile) -> dict[str, Any]:
 
 def content_digest(beton: BetonFile, threads: int = 1) -> str:
     """The hex sha256 content digest of ``beton`` (see the module docstring)."""
-    blocks = [(start, min(start + BLOCK, beton.num_samples)) for start in range(0, beton.num_samples, BLOCK)]
-    if threads > 1 and len(blocks) > 1:
-        with ThreadPoolExecutor(threads) as pool:
-            leaves = list(pool.map(lambda b: _leaf(beton, *b), blocks))
-    else:
-        leaves = [_leaf(beton, *b) for b in blocks]
     digest = hashlib.sha256(PREFIX)
     digest.update(json.dumps(header(beton), sort_keys=True, separators=(",", ":")).encode() + b"\n")
-    for leaf in leaves:
+    for leaf in _leaves(beton, 0, beton.num_samples, threads):
         digest.update(leaf)
     return digest.hexdigest()
+
+
+def range_digest(beton: BetonFile, start: int, stop: int, threads: int = 1) -> str:
+    """sha256 of the content of samples [start, stop), blocks counted from ``start``: a part file's
+    ``range_digest(part, 0, n)`` equals the merged file's over the rows the part landed on."""
+    digest = hashlib.sha256(RANGE_PREFIX)
+    for leaf in _leaves(beton, start, stop, threads):
+        digest.update(leaf)
+    return digest.hexdigest()
+
+
+def _leaves(beton: BetonFile, start: int, stop: int, threads: int) -> list[bytes]:
+    blocks = [(a, min(a + BLOCK, stop)) for a in range(start, stop, BLOCK)]
+    if threads > 1 and len(blocks) > 1:
+        with ThreadPoolExecutor(threads) as pool:
+            return list(pool.map(lambda b: _leaf(beton, *b), blocks))
+    return [_leaf(beton, *b) for b in blocks]
 
 
 def _leaf(beton: BetonFile, start: int, stop: int) -> bytes:

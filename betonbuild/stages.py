@@ -17,6 +17,9 @@ import numpy as np
 from .atomic import write_json
 from .errors import MergeError, SampleError, SourceError, VerificationError
 from .failure import clear_failure, save_failure
+from .beton import BetonFile
+from .custom import handlers
+from .digest import range_digest
 from .partitions import plan_partitions, rows_digest
 from .preflight import inspect_samples, largest_rows
 from .provenance import ffcv_build
@@ -129,7 +132,6 @@ def merge_parts(spec: DatasetSpec, manifest_path: str, part_paths: list[str], pa
     Every part must have been written for the partition the manifest now plans (same rows, same
     source fingerprint) by the same ffcv build: a stale or foreign part is an error, never merged.
     """
-    from .custom import handlers
     from .merge import merge_betons
 
     with open(manifest_path) as fh:
@@ -174,24 +176,31 @@ def merge_parts(spec: DatasetSpec, manifest_path: str, part_paths: list[str], pa
 
 
 def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: str, report_path: str,
-           failed_report_path: str, smoke: bool = False, threads: int | None = None) -> dict[str, Any]:
+           failed_report_path: str, smoke: bool = False, threads: int | None = None, part: int | None = None,
+           part_reports: list[str] | None = None) -> dict[str, Any]:
     """Writes the verification report at ``report_path`` if every check passes.
 
     Otherwise the report is kept at ``failed_report_path`` (Snakemake deletes a failed job's outputs)
     and a VerificationError names the worst finding. ``threads`` (the job's) compare rows in parallel.
+    A part (``part``) is verified in full; a merged file, given its parts' reports, is proven to hold
+    exactly their content, so that a rebuild of one part re-decodes that part alone.
     """
     source = open_source(spec, Path(manifest_path).parent)
-    rows = rows_to_write(spec, source, manifest_path, smoke)
+    rows = rows_to_write(spec, source, manifest_path, smoke, part)
     with open(record_path) as fh:
         record = json.load(fh)
     if record.get("rows_sha256") != rows_digest(rows):
         raise VerificationError(f"{record_path} was written for other rows than the manifest now gives")
-    report = verify_beton(spec, source, rows, beton_path, record.get("provenance"), every_variable_sample=smoke,
-                          threads=threads or 1)
-    report["stage"] = "smoke" if smoke else "full"
-    report["write"] = {k: record.get(k) for k in ("num_workers", "page_size", "chunksize", "seconds")}
     with open(manifest_path) as fh:
         manifest = json.load(fh)
+    parts = _verified_parts(spec, manifest, part_reports) if part_reports else None
+    report = verify_beton(spec, source, rows, beton_path, record.get("provenance"),
+                          every_variable_sample=smoke or part is not None, threads=threads or 1, parts=parts)
+    report["stage"] = "smoke" if smoke else "full" if part is None else f"part {part}"
+    report["write"] = {k: record.get(k) for k in ("num_workers", "page_size", "chunksize", "seconds")}
+    if part is not None:
+        report["part"] = {**manifest["partitions"][part],
+                          "range_digest": range_digest(BetonFile(beton_path, handlers(spec)), 0, len(rows), threads or 1)}
     # What made the file: the source's fingerprint (the dataset's config is in report["config"]).
     report["source"] = {k: manifest.get(k) for k in ("kind", "length", "num_samples", "order_sha256", "inputs")}
     if not report["ok"]:
@@ -203,3 +212,18 @@ def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: 
     write_json(report_path, report)
     Path(failed_report_path).unlink(missing_ok=True)  # an earlier failure no longer describes this file
     return report
+
+
+def _verified_parts(spec: DatasetSpec, manifest: dict[str, Any], part_reports: list[str]) -> list[dict[str, Any]]:
+    """The parts' verified content, each checked to be of the partition the manifest now plans."""
+    parts = []
+    for planned, path in zip(manifest["partitions"], part_reports, strict=True):
+        with open(path) as fh:
+            verified = json.load(fh)
+        if not verified.get("ok") or verified.get("part", {}).get("fingerprint") != planned["fingerprint"] \
+                or verified["part"].get("rows_sha256") != planned["rows_sha256"]:
+            raise VerificationError(f"dataset '{spec.name}': {path} is not a passing report of the part the "
+                                    "manifest now plans; rerun snakemake")
+        parts.append({"index": planned["index"], "start": planned["start"], "stop": planned["stop"],
+                      "range_digest": verified["part"]["range_digest"]})
+    return parts

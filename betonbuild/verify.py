@@ -29,7 +29,7 @@ from .beton import (
     jpeg_dimensions,
     structural_checks,
 )
-from .digest import content_digest
+from .digest import content_digest, range_digest
 from .errors import BetonbuildError, BetonFormatError
 from .fields import TYPE_IDS
 from .provenance import build_differences, ffcv_build
@@ -89,14 +89,20 @@ def verify_beton(
     writer_build: dict | None,
     every_variable_sample: bool = False,
     threads: int = 1,
+    parts: list[dict] | None = None,
 ) -> dict[str, Any]:
     """``rows[i]`` is the source index that sample i of ``path`` must hold.
 
-    ``every_variable_sample`` (the smoke gate) forces full mode. ``threads`` is the pool size.
+    ``every_variable_sample`` (the smoke gate, a part) forces full mode. ``threads`` is the pool size.
+    ``parts`` (a merged file): ``{index, start, stop, range_digest}`` of part files that were each
+    verified in full; the file must hold exactly their content at those rows (check ``parts``), and
+    with ``mode: auto`` its own comparison with the source is then a seeded sample.
     """
     started = time.monotonic()
     threads = max(1, int(threads or 1))
     mode = resolve_mode(spec, len(rows), every_variable_sample)
+    if parts and spec.verify.get("mode", "auto") == "auto":
+        mode = "sample"
     report = Report()
     reader_build = ffcv_build()
     result: dict[str, Any] = {
@@ -115,7 +121,7 @@ def verify_beton(
     with ThreadPoolExecutor(threads) as pool:
         file_hash = pool.submit(sha256_file, path)
         try:
-            _verify_file(spec, source, rows, path, mode, pool, threads, report, result)
+            _verify_file(spec, source, rows, path, mode, pool, threads, report, result, parts)
         finally:
             result["file"]["sha256"] = file_hash.result()
     _check_build(spec, writer_build, reader_build, report)
@@ -124,7 +130,7 @@ def verify_beton(
 
 
 def _verify_file(spec: DatasetSpec, source, rows: np.ndarray, path: str, mode: str, pool: ThreadPoolExecutor,
-                 threads: int, report: Report, result: dict) -> None:
+                 threads: int, report: Report, result: dict, parts: list[dict] | None = None) -> None:
     try:
         beton = BetonFile(path, custom_handlers=custom.handlers(spec))
     except BetonbuildError as exc:
@@ -146,6 +152,7 @@ def _verify_file(spec: DatasetSpec, source, rows: np.ndarray, path: str, mode: s
     # not bounds-check, so it only reads a file whose structure is sound.
     loader = pool.submit(_check_loader_batch, beton, spec) if structure_ok else None
     digest = pool.submit(content_digest, beton)
+    part_digests = [pool.submit(range_digest, beton, p["start"], p["stop"]) for p in parts or []]
     context = _Context.build(beton, spec, source, rows, mode, threads)
     try:
         tally = _run_content(context, pool)
@@ -159,6 +166,8 @@ def _verify_file(spec: DatasetSpec, source, rows: np.ndarray, path: str, mode: s
     if tally is not None and any(f.type == "custom" for _, f in context.variable):
         report.run("custom_fields", lambda: _variable_result(context, tally, custom_fields=True))
     report.run("content_digest", lambda: _digest_result(digest, result))
+    if parts:
+        report.run("parts", lambda: _parts_result(parts, part_digests, beton.num_samples))
     if loader is None:
         report.check("loader_batch", False, "not run: the structural checks failed, and ffcv's Loader reads "
                                             "pointers without bounds checks (it could crash on this file)")
@@ -185,6 +194,21 @@ def _finish(result: dict, report: Report) -> dict:
     result["ok"] = report.ok
     result["worst"] = report.worst()
     return result
+
+
+def _parts_result(parts: list[dict], futures: list, num_samples: int) -> tuple[bool, str, dict]:
+    """Every row of the merged file belongs to one part, and holds what that part held when verified."""
+    covered = [(p["start"], p["stop"]) for p in parts]
+    contiguous = covered[0][0] == 0 and covered[-1][1] == num_samples and all(
+        a[1] == b[0] for a, b in zip(covered, covered[1:]))
+    differing = [p["index"] for p, future in zip(parts, futures) if future.result() != p["range_digest"]]
+    if not contiguous:
+        return False, f"the parts cover rows {covered}, not 0..{num_samples} in order", {}
+    if differing:
+        return False, (f"the rows of part(s) {differing} differ from the part files verified in full "
+                       f"(results/{{ds}}/parts/{{i}}.verify.json)"), {"differing": differing}
+    return True, (f"rows of every one of the {len(parts)} parts hold exactly the content of that part's file, "
+                  "which was verified in full against its source"), {"parts": len(parts)}
 
 
 def _digest_result(future, result: dict) -> tuple[bool, str]:

@@ -79,14 +79,15 @@ def stage_benchmarks(wildcards):
     paths = [benchmark_path(stage).format(ds=wildcards.ds) for stage in stages]
     if partitioned:
         paths[-2:-2] = [
-            part_benchmark_path().format(ds=wildcards.ds, part=i)
+            part_benchmark_path(stage).format(ds=wildcards.ds, part=i)
+            for stage in ("write_part", "verify_part")
             for i in range(num_parts(wildcards))
         ]
     return paths
 
 
-def part_benchmark_path():
-    return "benchmarks/write_part/{ds}.{part}.tsv"
+def part_benchmark_path(stage):
+    return f"benchmarks/{stage}/{{ds}}.{{part}}.tsv"
 
 
 def source_inputs(wildcards):
@@ -145,6 +146,13 @@ def part_files(name):
     return files
 
 
+def verified_parts(wildcards):
+    """A partitioned dataset's part reports: its merged file is verified against them."""
+    if wildcards.ds not in PARTITIONED:
+        return []
+    return part_files("verify.json")(wildcards)
+
+
 def ancient_manifest(wildcards):
     """The manifest as a part's input, by content not date: a change elsewhere in the source
     rewrites the manifest, but reruns a part only through its own `partition` parameter.
@@ -193,6 +201,15 @@ def smoke_verify_spec(wildcards):
     """
     spec = _spec_parts(wildcards, "smoke", "verify")
     spec["verify"] = {"jpeg_mean_abs_error": spec["verify"]["jpeg_mean_abs_error"]}
+    return spec
+
+
+def part_verify_spec(wildcards):
+    """A part is verified in full: of the verify settings the JPEG tolerance and the Loader batch apply."""
+    spec = _spec_parts(wildcards, "verify")
+    spec["verify"] = {
+        key: spec["verify"][key] for key in ("jpeg_mean_abs_error", "loader_batch")
+    }
     return spec
 
 

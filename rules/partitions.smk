@@ -15,7 +15,7 @@ rule write_part:
     log:
         "logs/write_part/{ds}.{part}.log",
     benchmark:
-        part_benchmark_path()
+        part_benchmark_path("write_part")
     wildcard_constraints:
         ds=names_pattern(KEEP_PARTS),
     conda:
@@ -39,6 +39,36 @@ use rule write_part as write_temp_part with:
         ds=names_pattern(TEMP_PARTS),
 
 
+rule verify_part:
+    """A part read back and compared with its source in full: the merged file is then proven
+    part by part, so a rebuild of one part re-decodes that part alone."""
+    input:
+        manifest=ancient_manifest,
+        beton=result("parts/{part}.beton"),
+        record=result("parts/{part}.write.json"),
+    output:
+        report=result("parts/{part}.verify.json"),
+    log:
+        "logs/verify_part/{ds}.{part}.log",
+    benchmark:
+        part_benchmark_path("verify_part")
+    wildcard_constraints:
+        ds=names_pattern(PARTITIONED),
+    conda:
+        "../envs/ffcv.yaml"
+    threads: 1
+    resources:
+        mem_mb=part_verify_mem_mb,
+        runtime=part_runtime,
+    params:
+        spec=part_verify_spec,
+        partition=partition_plan,
+        reader_build=reader_build,
+        failed_report=result("failed/part{part}.verify.json"),
+    script:
+        "../scripts/verify.py"
+
+
 rule merge:
     """The parts joined, in order, into the dataset's one standard .beton (betonbuild.merge)."""
     input:
@@ -46,6 +76,7 @@ rule merge:
         smoke_report=result("smoke.verify.json"),
         parts=part_files("beton"),
         records=part_files("write.json"),
+        reports=part_files("verify.json"),
     output:
         beton=result("{ds}.beton"),
         record=result("{ds}.write.json"),

@@ -279,6 +279,11 @@ def part_runtime(wildcards, input, attempt):
     return _minutes(encode + io, attempt)
 
 
+def part_verify_mem_mb(wildcards, input, attempt):
+    spec = _spec(wildcards)
+    return _verify_mb(spec, _part_samples(spec, wildcards, input)) * attempt
+
+
 def merge_mem_mb(wildcards, input, attempt):
     """Every part's metadata and allocation table, and the merged copies of them."""
     spec = _spec(wildcards)

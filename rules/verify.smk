@@ -4,6 +4,7 @@ rule verify:
         manifest=manifest,
         beton=result("{ds}.beton"),
         record=result("{ds}.write.json"),
+        part_reports=verified_parts,
     output:
         report=result("{ds}.verify.json"),
     log:

@@ -1,4 +1,4 @@
-# Smoke and full verification: the rule's name says which.
+# Smoke, full or part verification: the rule says which.
 import sys
 
 sys.path.insert(0, snakemake.scriptdir + "/..")  # the conda route imports betonbuild from this checkout
@@ -16,5 +16,7 @@ run(
         snakemake.params.failed_report,
         smoke=snakemake.rule == "verify_smoke",
         threads=snakemake.threads,
+        part=int(snakemake.wildcards.part) if "part" in snakemake.wildcards.keys() else None,
+        part_reports=list(snakemake.input.get("part_reports", [])),
     ),
 )

@@ -163,6 +163,29 @@ def test_a_stale_part_is_refused_by_the_merge(project: Path):
     assert not beton.exists()
 
 
+def test_a_merged_file_whose_rows_differ_from_a_verified_part_fails_the_parts_check(project: Path):
+    from betonbuild.digest import range_digest
+    from betonbuild.sources import open_source
+    from betonbuild.verify import verify_beton
+
+    entry = digits_entry(partitions=3)
+    beton, manifest = write_in_parts(project, entry)
+    out = beton.parent
+    parts = [{"index": p["index"], "start": p["start"], "stop": p["stop"],
+              "range_digest": range_digest(BetonFile(out / f"parts/{p['index']}.beton"), 0, p["num_samples"])}
+             for p in manifest["partitions"]]
+    spec = spec_of(entry)
+    source = open_source(spec)
+    rows = np.arange(120)
+    record = json.loads((out / "d.write.json").read_text())
+    report = verify_beton(spec, source, rows, str(beton), record["provenance"], parts=parts)
+    assert report["ok"] and report["mode"] == "sample"
+    parts[2]["range_digest"] = "0" * 64  # as if part 2 had been verified with other content
+    report = verify_beton(spec, source, rows, str(beton), record["provenance"], parts=parts)
+    check = next(c for c in report["checks"] if c["name"] == "parts")
+    assert not report["ok"] and not check["ok"] and check["differing"] == [2]
+
+
 def test_a_changed_row_changes_exactly_its_parts_fingerprint(project: Path):
     entry = digits_entry(partitions=4, writer={"shuffle": True, "seed": 1})
     spec = spec_of(entry)
@@ -250,6 +273,12 @@ def test_every_partitioned_dataset_is_merged_and_verified(built):
         assert report["ok"], (ds, report["worst"])
         record = json.loads((workdir / f"results/{ds}/{ds}.write.json").read_text())
         assert sum(p["num_samples"] for p in record["partitions"]) == report["num_samples"]["found"]
+        # every part was decoded and compared in full; the merged file is proven to hold exactly them
+        assert report["mode"] == ("full" if ds == "photos" else "sample")  # photos asks for mode: full
+        assert next(c for c in report["checks"] if c["name"] == "parts")["ok"]
+        for i in range(len(record["partitions"])):
+            part_report = json.loads((workdir / f"results/{ds}/parts/{i}.verify.json").read_text())
+            assert part_report["ok"] and part_report["mode"] == "full" and part_report["stage"] == f"part {i}"
     shards = json.loads((workdir / "results/shards/source.json").read_text())["partitions"]
     assert [(p["start"], p["stop"]) for p in shards] == [(0, 10), (10, 20)]  # two shards each
 
@@ -301,8 +330,8 @@ def test_one_changed_row_rewrites_its_part_the_merge_and_the_verification_only(b
     part = position // 50
     jobs = jobs_run(run_snakemake(workdir, "all"))
     assert set(jobs) == {("source_manifest", "digits", None), ("smoke", "digits", None), ("verify_smoke", "digits", None),
-                         ("write_part", "digits", part), ("merge", "digits", None), ("verify", "digits", None),
-                         ("report_assets", "digits", None)}
+                         ("write_part", "digits", part), ("verify_part", "digits", part), ("merge", "digits", None),
+                         ("verify", "digits", None), ("report_assets", "digits", None)}
     after = {i: sha256(workdir / f"results/digits/parts/{i}.beton") for i in range(4)}
     assert [i for i in range(4) if before[i] != after[i]] == [part]
     assert json.loads((workdir / "results/digits/digits.verify.json").read_text())["ok"]
@@ -319,7 +348,8 @@ def test_one_changed_shard_rewrites_its_part_the_merge_and_the_verification_only
             sink.write({"__key__": sample["__key__"], "jpg": sample["jpg"], "cls": str(int(sample["cls"]) + (k == 0))})
     jobs = jobs_run(run_snakemake(workdir, "all"))
     assert set(jobs) == {("shard_list", "shards", None), ("source_manifest", "shards", None), ("smoke", "shards", None),
-                         ("verify_smoke", "shards", None), ("write_part", "shards", 1), ("merge", "shards", None),
+                         ("verify_smoke", "shards", None), ("write_part", "shards", 1), ("verify_part", "shards", 1),
+                         ("merge", "shards", None),
                          ("verify", "shards", None), ("report_assets", "shards", None)}
     assert json.loads((workdir / "results/shards/shards.verify.json").read_text())["ok"]
 
