@@ -61,6 +61,7 @@ def benchmark_path(stage):
 def all_outputs():
     outputs = []
     for name in DATASETS:
+        outputs.append(f"{RESULTS}/{name}/smoke.verify.json")
         outputs.append(f"{RESULTS}/{name}/{name}.beton")
         outputs.append(f"{RESULTS}/{name}/{name}.verify.json")
         outputs.append(f"{RESULTS}/{name}/report/preview.png")
