@@ -127,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         for line in report.table({"benchmarks": {module.NAME: entry}})[2:]:
             print(line)
         if not args.no_record:
-            results["benchmarks"][module.NAME] = entry
+            previous = results["benchmarks"].get(module.NAME, {})
+            if entry["status"] == "error" and previous.get("status") == "measured":
+                # keep the last good figures; the failure is in this run's record and on the console
+                results["last_run"].setdefault("errors", {})[module.NAME] = entry["reason"]
+            else:
+                results["benchmarks"][module.NAME] = entry
             report.save_json(args.json, results)
             report.update_markdown(args.markdown, results)
     return 1 if failed else 0

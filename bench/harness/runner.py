@@ -44,7 +44,7 @@ class Side:
     name: str
     command: list[str]
     cwd: Path
-    output: Path | None = None  # the .beton whose content digest the round compares
+    output: Path | None = None  # the .beton whose content digest is taken right after the run (untimed)
     before: Callable[[], None] | None = None
     after: Callable[[dict, str, str], None] | None = None  # (record, stdout, stderr): adds fields to the record
     flush: bool = False  # also time a `sync` right after it: the cost of getting its output onto the disk
@@ -138,6 +138,8 @@ def run_side(ctx: Context, side: Side, tag: str) -> dict:
         record["seconds_with_flush"] = round(record["seconds"] + record["flush_seconds"], 3)
     if waited >= 1:
         record["waited_for_quiet"] = round(waited)
+    if side.output is not None:  # now: the next side's ``before`` may remove it (a clean project)
+        record["digest"] = digest(side.output, min(ctx.cores, 4))
     if side.after:
         side.after(record, stdout, stderr)
     return record
@@ -161,9 +163,9 @@ def digest(path: Path, threads: int = 2) -> str:
     return content_digest(BetonFile(str(path)), threads=threads)
 
 
-def same_digests(sides: list[Side], threads: int = 2) -> dict:
+def same_digests(row: dict, sides: list[Side]) -> dict:
     """The content check of a round: every side's output has the same content digest."""
-    found = {side.name: digest(side.output, threads) for side in sides if side.output is not None}
+    found = {side.name: row[side.name]["digest"] for side in sides if side.output is not None}
     if len(set(found.values())) != 1:
         raise ContentMismatch(f"content digests differ: {found}")
     return {"digest": next(iter(found.values())), "sides": sorted(found)}
@@ -172,7 +174,7 @@ def same_digests(sides: list[Side], threads: int = 2) -> dict:
 def alternate(ctx: Context, bench: str, sides: list[Side], check: Callable[[dict], dict] | None = None,
               pairs: int | None = None, warmup: bool = True) -> list[dict]:
     """Rounds of A B (C ...): an untimed warm-up round first, then ``pairs`` timed ones, each content-checked."""
-    check = check or (lambda row: same_digests(sides, min(ctx.cores, 4)))
+    check = check or (lambda row: same_digests(row, sides))
     pairs = ctx.pairs if pairs is None else pairs
     rounds = []
     for k in range(-1 if warmup else 0, pairs):
