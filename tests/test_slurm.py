@@ -135,7 +135,8 @@ def test_cluster_generic_profile_runs_every_job_through_sbatch(slurm, tmp_path):
 
 
 def test_a_partitioned_dataset_writes_each_part_as_its_own_cluster_job(slurm, tmp_path):
-    """Three parts, three sbatch jobs (any node may take each), merged into one verified file."""
+    """Three parts, each written and verified by its own sbatch jobs (any node may take each), merged
+    into one verified file."""
     make_digits_npz(tmp_path / "digits.npz", n=100)
     write_config(tmp_path, {"digits": {**digits_dataset(0), "partitions": 3}})
     result = run_snakemake(
@@ -146,7 +147,8 @@ def test_a_partitioned_dataset_writes_each_part_as_its_own_cluster_job(slurm, tm
     ids = re.findall(r"Submitted job \d+ with external jobid '(\d+)'", log)
     jobs = completed_jobs(slurm, ids)
     rules = sorted(job["Name"].split("-")[1] for job in jobs.values())
-    assert rules == sorted(["source_manifest", "smoke", "verify_smoke", "merge", "verify"] + ["write_part"] * 3), rules
+    stages = ["source_manifest", "smoke", "verify_smoke", "merge", "verify"] + ["write_part", "verify_part"] * 3
+    assert rules == sorted(stages), rules
     parts = [job for job in jobs.values() if job["Name"].startswith("smk-write_part-")]
     assert sorted(re.search(r"part=(\d+)", job["Name"]).group(1) for job in parts) == ["0", "1", "2"]
     assert all(job["JobState"] == "COMPLETED" and job["ProcCnt"] == "1" for job in parts)
