@@ -76,7 +76,6 @@ rule merge:
         manifest=manifest,
         parts=part_files("beton"),
         records=part_files("write.json"),
-        reports=part_files("verify.json"),
     output:
         beton=result("{ds}.beton"),
         record=result("{ds}.write.json"),
