@@ -1,7 +1,7 @@
 """Benchmark: plain ``DatasetWriter.from_webdataset`` vs ``betonbuild write`` on the same shards.
 
-    .venv/bin/python bench/webdataset_write.py [--pairs 5] [--workers N] [--snakemake] [--phases 3] [--what-if 3]
-        [--quiet-below 0.25] [--max-wait 900] [--json FILE]
+    .venv/bin/python bench/webdataset_write.py [--pairs 5] [--workers N] [--snakemake] [--phases 3]
+        [--quiet-below 0.25] [--max-wait 900] [--retries 3] [--json FILE]
 
 Data (prepared once, under bench/cache/, gitignored): 16 WebDataset shards holding 8000 random
 256x256 crops (seeded) of the real colour photographs bundled with scikit-image / scikit-learn
@@ -14,7 +14,9 @@ Both sides write the same fields: ``image`` RGBImageField(write_mode='jpg', jpeg
   ``DatasetWriter(path, fields, num_workers=N).from_webdataset(shards, pipeline)`` with
   ``pipeline = lambda ds: ds.decode('rgb8').to_tuple('jpg', 'cls')``;
 - B: a fresh ``betonbuild write --config C --dataset D --output F --workers N`` process, which derives
-  the shard list (tar headers + sha256 of every shard), the source manifest, and writes the file.
+  the shard list (tar headers + sha256 of every shard), the source manifest, and writes the file
+  (ffcv imported without its numba JIT, betonbuild/ffcv_import.py; plain JPEGs decoded with cv2,
+  betonbuild/wds.py).
 - (``--snakemake``) C: ``snakemake all`` on a fresh copy of the project: shard list, manifest, smoke
   write + its verification, full write, full verification. Reported separately, not in the ratio.
 
@@ -26,9 +28,9 @@ images equal within a small tolerance; payload identity is reported too).
 
 The machine may be shared: before each run the script waits (up to --max-wait s) until other
 processes use fewer than --quiet-below cores, and records the CPU the rest of the machine used
-during each run (``other_load_cores``); ``quiet_*`` medians keep only the pairs where it stayed low.
-``--phases N`` times the phases of each side in-process; ``--what-if N`` runs a side B' that
-prototypes three fixes by monkeypatching (see WHAT_IF_B), to measure what they would give.
+during each run (``other_load_cores``); ``--retries N`` runs a side again when that was not low;
+``quiet_*`` medians keep only the pairs where it stayed low. ``--phases N`` times the phases of each
+side in-process.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ PHASES_A = textwrap.dedent(
     import torch; mark("import torch")
     from ffcv.fields import IntField, RGBImageField
     from ffcv.writer import DatasetWriter, count_samples_in_shard, worker_job_webdataset
-    mark("import ffcv (numba JIT at import)")
+    mark("import ffcv (numba JIT at import: A only)")
     import webdataset, numpy as np
     from functools import partial
     from braceexpand import braceexpand
@@ -114,7 +116,7 @@ PHASES_B = textwrap.dedent(
     import betonbuild.cli, betonbuild.stages; mark("import betonbuild")
     import torch; mark("import torch")
     import webdataset; mark("import webdataset")
-    import ffcv.fields, ffcv.writer; mark("import ffcv (numba JIT at import)")
+    import ffcv.fields, ffcv.writer; mark("import ffcv (numba JIT at import: A only)")
     from betonbuild.spec import load_config_file
     from betonbuild.stages import build, make_shard_list, make_source_manifest
     spec = load_config_file("config.yaml").datasets[sys.argv[2]]
@@ -127,103 +129,6 @@ PHASES_B = textwrap.dedent(
     print(json.dumps(marks))
     """
 )
-
-# --what-if: side B with three fixes PROTOTYPED by monkeypatching (none of this is in the library):
-#   1. the shard list scans tar headers by hand (seek from header to header) instead of tarfile;
-#   2. JPEG members are decoded with cv2 (bit-identical to webdataset's rgb8 here) instead of PIL;
-#   3. ffcv is imported with numba.typed.Dict replaced by dict: ffcv/fields/rgb_image.py builds a typed
-#      Dict at import time, a ~2.8 s numba JIT in every process that imports ffcv; a write-only
-#      process never needs it typed (only the Loader's compiled decoders read IMAGE_MODES).
-WHAT_IF_B = textwrap.dedent(
-    r"""
-    import json, os, sys, tempfile
-    import numba.typed
-    typed_dict = numba.typed.Dict
-    numba.typed.Dict = dict  # fix 3
-    import ffcv.fields, ffcv.writer
-    numba.typed.Dict = typed_dict
-    import cv2, numpy as np
-    import betonbuild.wds as W
-    from betonbuild.errors import SourceError
-
-    ZERO = bytes(512)
-
-    def members(path):
-        with open(path, "rb") as f:
-            end, off, pending = os.fstat(f.fileno()).st_size, 0, None
-            while off + 512 <= end:
-                f.seek(off)
-                h = f.read(512)
-                if h == ZERO:
-                    return
-                size, typ = int(h[124:136].split(b"\0")[0].strip() or b"0", 8), h[156:157]
-                name = h[:100].split(b"\0")[0]
-                if h[257:262] == b"ustar" and h[345:500].strip(b"\0"):
-                    name = h[345:500].split(b"\0")[0] + b"/" + name
-                data, off = off + 512, off + 512 + (size + 511) // 512 * 512
-                if off > end:
-                    break
-                if typ in (b"x", b"L"):
-                    f.seek(data)
-                    blob = f.read(size)
-                    if typ == b"L":
-                        pending = blob.rstrip(b"\0")
-                    else:
-                        for record in blob.split(b"\n"):
-                            if b" path=" in record:
-                                pending = record.split(b" path=", 1)[1]
-                    continue
-                if typ == b"g":
-                    continue
-                if pending:
-                    name, pending = pending, None
-                yield name.decode(), typ in (b"0", b"\0", b"7")
-        raise SourceError("?", f"shard {path} is truncated (no end-of-archive block)")
-
-    def count_shard(spec, path):  # fix 1 (no required-key check in this prototype)
-        samples, exts, current, seen = 0, set(), None, set()
-        for name, regular in members(path):
-            if not regular or W.META_MEMBER.match(name):
-                continue
-            key, ext = W.split_key(name)
-            if key is None:
-                continue
-            if key != current:
-                if key in seen:
-                    raise SourceError(spec.name, f"{path}: {key} twice")
-                seen.add(key)
-                current, samples = key, samples + 1
-            exts.add(ext.lower())
-        return {"samples": samples, "keys": sorted(exts)}
-
-    W.count_shard = count_shard
-    pil_decode = W.WebDatasetSource.decode
-
-    def decode(self, sample, index):  # fix 2
-        if self.spec.source.get("decode") == "rgb8" and "jpg" in sample and self.keys[0] == ["jpg"]:
-            bgr = cv2.imdecode(np.frombuffer(sample["jpg"], np.uint8), cv2.IMREAD_COLOR)
-            return (cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB),
-                    *(self._decoder.decode1(k[0], sample[k[0]]) for k in self.keys[1:]))
-        return pil_decode(self, sample, index)
-
-    W.WebDatasetSource.decode = decode
-    from betonbuild.spec import load_config_file
-    from betonbuild.stages import build, make_shard_list, make_source_manifest
-
-    spec = load_config_file("config.yaml").datasets[sys.argv[2]]
-    with tempfile.TemporaryDirectory() as tmp:
-        make_shard_list(spec, tmp + "/shards.json")
-        make_source_manifest(spec, tmp + "/source.json")
-        build(spec, tmp + "/source.json", sys.argv[1], sys.argv[1] + ".write.json", threads=int(sys.argv[3]))
-    """
-)
-
-
-def side_b_what_if(project: Path, out: Path, workers: int) -> dict:
-    out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-W", "ignore", "-c", WHAT_IF_B, str(out), DATASET, str(workers)]
-    return timed(cmd, project, out.with_suffix(".log"))
-
 
 def phases(project: Path, workers: int, runs: int, quiet_below: float, max_wait: float) -> dict:
     """Median time of each phase of each side (cumulative marks turned into durations), and the process exit."""
@@ -330,6 +235,19 @@ def timed(cmd: list[str], cwd: Path, log: Path) -> dict:
             "other_load_cores": max(0.0, busy - cpu) / seconds}
 
 
+def quiet_run(run, args, discarded: list[dict]) -> dict:
+    """One run on a quiet machine: waits for it, and runs again (up to --retries times) when other
+    processes took CPU during the run; the runs thrown away are kept in ``discarded``."""
+    for attempt in range(args.retries + 1):
+        wait_until_quiet(args.quiet_below, args.max_wait)
+        result = run()
+        if result["other_load_cores"] < args.quiet_below or attempt == args.retries:
+            return result
+        print(f"  discarded a run of {result['seconds']:.2f} s: other processes used "
+              f"{result['other_load_cores']:.2f} cores meanwhile", flush=True)
+        discarded.append(result)
+
+
 def side_a(project: Path, out: Path, workers: int) -> dict:
     out.unlink(missing_ok=True)
     return timed([sys.executable, "-c", SIDE_A, str(out), PATTERN, str(workers)], project, out.with_suffix(".log"))
@@ -397,21 +315,20 @@ def main() -> None:
     parser.add_argument("--quiet-below", type=float, default=0.2,
                         help="before each run, wait until other processes use fewer cores than this")
     parser.add_argument("--max-wait", type=float, default=300.0, help="seconds to wait for a quiet machine")
+    parser.add_argument("--retries", type=int, default=0,
+                        help="run a side again (up to N times) when other processes used the CPU during it")
     parser.add_argument("--phases", type=int, default=0, metavar="N",
                         help="also time the phases of each side (N runs each, medians)")
-    parser.add_argument("--what-if", type=int, default=0, metavar="N",
-                        help="also run N triplets A, B, B' (B with three prototyped fixes; see WHAT_IF_B)")
     args = parser.parse_args()
 
     project = prepare()
     shard_bytes = sum(p.stat().st_size for p in (project / "shards").glob("*.tar"))
     out_a, out_b = project / "a.beton", project / "b.beton"
     runs = []
+    discarded: list[dict] = []
     for pair in range(args.pairs):
-        wait_until_quiet(args.quiet_below, args.max_wait)
-        a = side_a(project, out_a, args.workers)
-        wait_until_quiet(args.quiet_below, args.max_wait)
-        b = side_b(project, out_b, args.workers)
+        a = quiet_run(lambda: side_a(project, out_a, args.workers), args, discarded)
+        b = quiet_run(lambda: side_b(project, out_b, args.workers), args, discarded)
         runs.append({"a": a, "b": b, "ratio": a["seconds"] / b["seconds"]})
         print(f"pair {pair + 1}: A {a['seconds']:.2f} s ({a['max_rss_mib']:.0f} MiB, other load "
               f"{a['other_load_cores']:.2f})  B {b['seconds']:.2f} s ({b['max_rss_mib']:.0f} MiB, other load "
@@ -432,6 +349,7 @@ def main() -> None:
         "median_b_cpu_seconds": statistics.median(r["b"]["cpu_seconds"] for r in runs),
         "max_other_load_cores": max(max(r["a"]["other_load_cores"], r["b"]["other_load_cores"]) for r in runs),
         "quiet_pairs": len(quiet),
+        "discarded_runs": discarded,
         "quiet_median_a_seconds": statistics.median(r["a"]["seconds"] for r in quiet) if quiet else None,
         "quiet_median_b_seconds": statistics.median(r["b"]["seconds"] for r in quiet) if quiet else None,
         "quiet_median_pair_ratio": statistics.median(r["ratio"] for r in quiet) if quiet else None,
@@ -442,25 +360,7 @@ def main() -> None:
         result["snakemake_all"] = side_c(project, args.workers)
     if args.phases:
         result["phases"] = phases(project, args.workers, args.phases, args.quiet_below, args.max_wait)
-    if args.what_if:
-        triplets = []
-        out_c = project / "b_what_if.beton"
-        for k in range(args.what_if):
-            row = {}
-            for name, run in (("a", side_a), ("b", side_b), ("b_what_if", side_b_what_if)):
-                wait_until_quiet(args.quiet_below, args.max_wait)
-                row[name] = run(project, {"a": out_a, "b": out_b, "b_what_if": out_c}[name], args.workers)
-            triplets.append(row)
-            print(f"what-if {k + 1}: " + "  ".join(f"{n} {r['seconds']:.2f} s (other load {r['other_load_cores']:.2f})"
-                                               for n, r in row.items()), flush=True)
-        result["what_if"] = {
-            "runs": triplets,
-            **{f"median_{n}_seconds": statistics.median(t[n]["seconds"] for t in triplets) for n in triplets[0]},
-            "median_ratio_a_over_b_what_if": statistics.median(t["a"]["seconds"] / t["b_what_if"]["seconds"]
-                                                               for t in triplets),
-            "content_check_a_vs_b_what_if": content_check(out_a, out_c),
-        }
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("runs", "discarded_runs")}, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 
