@@ -1,10 +1,10 @@
 """``python -m bench.harness``: runs the benchmarks of issue 10 and records them (see bench/harness/__init__.py).
 
-    .venv/bin/python -m bench.harness [--only 1 4] [--quick] [--pairs 5] [--tree HEAD|worktree|DIR]
+    .venv/bin/python -m bench.harness [--only 1 4] [--quick] [--pairs 5] [--tree COMMIT|worktree|DIR]
 
-By default it measures the last commit (``--tree HEAD``: a ``git archive`` snapshot, byte-compiled),
-not the working tree, so that uncommitted edits in a shared checkout cannot leak into the figures
-and every figure names the commit it belongs to.
+By default it measures the last commit (``--tree HEAD``, or any commit: a ``git archive`` snapshot,
+byte-compiled), not the working tree, so that uncommitted edits in a shared checkout cannot leak
+into the figures and every figure names the commit it belongs to.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small sizes and 2 pairs: checks that everything runs")
     parser.add_argument("--pairs", type=int, help="timed rounds per comparison (default 5, --quick 2)")
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)), help="workers/threads per side")
-    parser.add_argument("--tree", default="HEAD", help="HEAD (a snapshot of the last commit), worktree, or a path")
+    parser.add_argument("--tree", default="HEAD",
+                        help="a commit to snapshot (default HEAD), `worktree` (the checkout as it is), or a directory")
     parser.add_argument("--quiet-below", type=float, default=0.3,
                         help="before each run wait until other processes use fewer cores than this (0: never)")
     parser.add_argument("--max-wait", type=float, default=10.0, help="...but at most this many seconds")
@@ -69,9 +70,9 @@ def measured_tree(choice: str, cache: Path) -> tuple[Path, str]:
         dirty = git("status", "--porcelain", "--", "betonbuild", "rules", "scripts", "Snakefile", "profiles").strip()
         head = git("rev-parse", "--short", "HEAD").strip()
         return REPO, f"working tree at {head}" + (" + uncommitted edits" if dirty else "")
-    if choice != "HEAD":
+    if Path(choice).is_dir():
         return Path(choice).resolve(), choice
-    commit = git("rev-parse", "HEAD").strip()
+    commit = git("rev-parse", "--verify", f"{choice}^{{commit}}").strip()
     tree = cache / f"tree-{commit[:12]}"
     if not (tree / "Snakefile").exists():
         tree.mkdir(parents=True, exist_ok=True)

@@ -79,8 +79,9 @@ def details(entry: dict) -> list[str]:
     if entry.get("status") != "measured":
         lines += [f"**{entry.get('status', 'pending')}**: {entry.get('reason', '')}", ""]
         return lines
-    lines += [f"Measured {entry['measured_at']} ({entry['duration_s']:.0f} s), tree `{entry['tree']}`, "
-              f"{entry['pairs']} timed rounds after one warm-up round.", "", f"Data: {entry['data']}.", ""]
+    lines += [f"Measured {entry['measured_at']} by `{entry['command']}` ({entry['duration_s']:.0f} s), tree "
+              f"`{entry['tree']}`, {entry['pairs']} timed rounds after one warm-up round.", "",
+              f"Data: {entry['data']}.", ""]
     lines += ["| side | command | wall s median (min-max) | CPU s | peak RSS MiB | load1 | other cores |",
               "|---|---|---|---|---|---|---|"]
     for name, stats in entry["sides"].items():
@@ -108,6 +109,7 @@ def render(results: dict) -> str:
         BEGIN,
         "## The benchmark harness (`make bench`)",
         "",
+        "The latest figure of each benchmark; each one below names its date, command and measured commit. "
         f"Last run {meta.get('date', '?')}: `{meta.get('command', '?')}` on {m.get('cores')} cores "
         f"({m.get('cpu_model')}), {m.get('ram_gib')} GiB RAM, kernel {m.get('kernel')}, Python {m.get('python')}, "
         f"{versions}. Machine-readable: [results.json](results.json). How it measures: "
