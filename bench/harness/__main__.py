@@ -13,6 +13,7 @@ import argparse
 import importlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -118,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             entry = {"id": number, "name": module.NAME, "title": module.TITLE, "status": "error",
                      "reason": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        if not getattr(module, "KEEP_WORKDIR", False):  # its outputs (GBs); the inputs under data/ stay
+            shutil.rmtree(ctx.cache / module.NAME, ignore_errors=True)
         entry.setdefault("status", "measured")
         entry.update(measured_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), command=command.strip(),
                      tree=tree_name, pairs=ctx.pairs, duration_s=round(time.monotonic() - started),

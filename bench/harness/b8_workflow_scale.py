@@ -22,6 +22,7 @@ from .runner import Context, Side, alternate, clean, median_of, ratio, summarise
 from .workflow import jobs_run, reset_project, stage_recorder, median_rule_seconds, supports_partitions, write_config
 
 ID, NAME = 8, "workflow_scale"
+KEEP_WORKDIR = True  # the 200 built source manifests take minutes to make again
 TITLE = "Workflow scale: dry-run DAG of many datasets, fixed cost of a one-sample dataset"
 
 
