@@ -121,7 +121,7 @@ def _manifest(spec, directory: str) -> str:
     if spec.source["kind"] == "webdataset":
         make_shard_list(spec, os.path.join(directory, "shards.json"))
     manifest = os.path.join(directory, "source.json")
-    make_source_manifest(spec, manifest)
+    make_source_manifest(spec, manifest, plan_parts=False)  # the CLI writes one file, never parts
     return manifest
 
 

@@ -7,9 +7,12 @@ with ``python -m pdb -m betonbuild repro DIR``.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import pickle
 import shutil
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -23,11 +26,45 @@ FAILURE_FILE = "failure.json"
 SAMPLE_FILE = "sample.pkl"
 
 
-def save_failure(directory: str | os.PathLike, spec: DatasetSpec, source, error: SampleError, stage: str) -> Path:
-    """Writes the failure record (and the raw sample when it can be read and pickled) into ``directory``."""
+def save_failure(directory: str | os.PathLike, spec: DatasetSpec, source, error: SampleError, stage: str,
+                 started: float = 0.0) -> Path:
+    """Writes the failure record (and the raw sample when it can be read and pickled) into ``directory``.
+
+    Parts of one dataset run side by side and share ``directory``: the record is built in a
+    scratch directory and moved into place under a lock, and a record another job saved since
+    ``started`` (this job's start) with a smaller sample index is kept instead of this one.
+    """
     directory = Path(directory)
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        _write_record(staging, directory, spec, source, error, stage)
+        with open(directory.parent / f".{directory.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not _kept_instead(directory, error.index, started):
+                old = directory.with_name(f"{staging.name}-old")
+                if directory.exists():
+                    directory.rename(old)
+                staging.rename(directory)
+                shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def _kept_instead(directory: Path, index: int | None, started: float) -> bool:
+    """Whether ``directory`` holds a failure saved during this job with a smaller sample index."""
+    try:
+        if (directory / FAILURE_FILE).stat().st_mtime < started:
+            return False
+        with open(directory / FAILURE_FILE) as fh:
+            theirs = json.load(fh).get("index")
+    except (OSError, ValueError):
+        return False
+    return theirs is not None and index is not None and theirs < index
+
+
+def _write_record(staging: Path, directory: Path, spec: DatasetSpec, source, error: SampleError, stage: str) -> None:
     record: dict[str, Any] = {
         "dataset": spec.name,
         "stage": stage,
@@ -42,20 +79,19 @@ def save_failure(directory: str | os.PathLike, spec: DatasetSpec, source, error:
         "sample_file": None,
     }
     if hasattr(source, "entries"):  # shards: keep the shard list, so the replay finds the same sample
-        write_json(directory / "shards.json", {"dataset": spec.name, "shards": source.entries})
+        write_json(staging / "shards.json", {"dataset": spec.name, "shards": source.entries})
         record["dataset_dir"] = str(directory.resolve())
     if error.index is not None:
         try:
             sample = source[error.index]
-            with open(directory / SAMPLE_FILE, "wb") as fh:
+            with open(staging / SAMPLE_FILE, "wb") as fh:
                 # Protocol 5 keeps numpy arrays exactly (protocol 4 turns big-endian into native).
                 pickle.dump(sample, fh, protocol=5)
             record["sample_file"] = SAMPLE_FILE
         except Exception as exc:  # noqa: BLE001 - the record is still useful without the sample
-            (directory / SAMPLE_FILE).unlink(missing_ok=True)
+            (staging / SAMPLE_FILE).unlink(missing_ok=True)
             record["sample_unavailable"] = f"{type(exc).__name__}: {exc}"
-    write_json(directory / FAILURE_FILE, record)
-    return directory
+    write_json(staging / FAILURE_FILE, record)
 
 
 def clear_failure(directory: str | os.PathLike) -> None:
@@ -67,8 +103,6 @@ def replay(directory: str | os.PathLike) -> tuple[tuple, dict[str, int]]:
 
     Returns the checked values and their allocation sizes when the sample now passes.
     """
-    import json
-
     from .write import CheckedDataset, measure_allocations, page_fit_error
 
     directory = Path(directory)

@@ -90,7 +90,8 @@ def _check_int(field: FieldSpec, value: Any, fail: Callable[..., SampleError]) -
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise fail(f"int field got {describe(value)}", "return a Python int or numpy integer")
     if not INT64_MIN <= int(value) <= INT64_MAX:
-        raise fail(f"int value {int(value)} does not fit in int64")
+        raise fail(f"int value {int(value)} does not fit in int64",
+                   "store it as a float or json field, or scale it in the adapter")
     return int(value)
 
 
@@ -100,7 +101,8 @@ def _check_float(field: FieldSpec, value: Any, fail: Callable[..., SampleError])
     try:
         return float(value)
     except OverflowError:
-        raise fail(f"value {describe(value)} is too large for a float64") from None
+        raise fail(f"value {describe(value)} is too large for a float64",
+                   "scale it in the adapter, or store it as a json field (a string)") from None
 
 
 def _check_ndarray(field: FieldSpec, value: Any, fail: Callable[..., SampleError]) -> np.ndarray:
@@ -175,7 +177,8 @@ def _check_rgb_image(field: FieldSpec, value: Any, fail: Callable[..., SampleErr
         if value.ndim != 3 or value.shape[2] != 3:
             channels = 1 if value.ndim == 2 else value.shape[2] if value.ndim == 3 else None
             if not convert or channels not in (1, 4):
-                raise fail(f"image is {describe(value)}; expected HxWx3 RGB", convert_hint if channels in (1, 4) else "")
+                raise fail(f"image is {describe(value)}; expected HxWx3 RGB",
+                           convert_hint if channels in (1, 4) else "reduce it to 3 channels (RGB) in the adapter")
             # HxW / HxWx1 are grey (mode L), HxWx4 is RGBA: the conversions PIL's .convert("RGB") defines.
             value = np.asarray(Image.fromarray(value.reshape(value.shape[:2]) if channels == 1 else value).convert("RGB"))
     elif type(value).__module__ == "torch":
@@ -187,12 +190,14 @@ def _check_rgb_image(field: FieldSpec, value: Any, fail: Callable[..., SampleErr
         raise fail(f"rgb_image field got {describe(value)}", "return a uint8 HxWx3 numpy array or a PIL RGB image")
     height, width = value.shape[:2]
     if not (1 <= height <= MAX_IMAGE_SIDE and 1 <= width <= MAX_IMAGE_SIDE):
-        raise fail(f"image is {width}x{height}; each side must be 1..{MAX_IMAGE_SIDE} pixels")
+        raise fail(f"image is {width}x{height}; each side must be 1..{MAX_IMAGE_SIDE} pixels",
+                   "skip or resize such images in the adapter, or set the field's max_resolution")
     max_resolution = field.options.get("max_resolution")
     if max_resolution and max(height, width) > max_resolution:
         ratio = max_resolution / max(height, width)
         if int(ratio * height) < 1 or int(ratio * width) < 1:
-            raise fail(f"image {width}x{height} would be resized to zero pixels by max_resolution {max_resolution}")
+            raise fail(f"image {width}x{height} would be resized to zero pixels by max_resolution {max_resolution}",
+                       "raise max_resolution, or pad or skip such thin images in the adapter")
     return np.ascontiguousarray(value)
 
 
@@ -224,7 +229,8 @@ def _check_json(field: FieldSpec, value: Any, fail: Callable[..., SampleError]) 
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise fail(f"value is not JSON-encodable: {exc}") from None
+        raise fail(f"value is not JSON-encodable: {exc}",
+                   "return dicts, lists, str, int, float, bool or None (no sets, bytes or objects)") from None
     return value
 
 

@@ -115,7 +115,6 @@ class PythonSource:
                 f"factory {spec.source['factory']} returned a {type(self.dataset).__name__}, "
                 "which lacks __len__ and __getitem__",
             )
-        self.files = adapter_files(spec)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -145,25 +144,36 @@ def import_factory(dataset: str, factory: str):
 def adapter_files(spec: DatasetSpec) -> list[str]:
     """The user's Python files a dataset depends on: editing them must rebuild it.
 
-    Found without importing the module itself (parent packages are imported by find_spec).
+    The module of a ``python`` factory or a webdataset ``pipeline``, and of every custom field's
+    ``class``. Found without importing the modules themselves (parent packages are imported by
+    find_spec). Installed packages and betonbuild's own modules are not the user's adapter code.
     """
-    reference = spec.source.get("factory") or spec.source.get("pipeline")
-    if not reference:
-        return []
-    module_name = reference.split(":")[0]
+    references = [spec.source.get("factory"), spec.source.get("pipeline")]
+    references += [f.options["class"] for f in spec.fields if f.type == "custom"]
+    files = []
+    for reference in filter(None, references):
+        path = _module_file(reference.split(":")[0])
+        if path and path not in files:
+            files.append(path)
+    return files
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))
+
+
+def _module_file(module_name: str) -> str | None:
     _ensure_workdir_importable()
     try:
         found = importlib.util.find_spec(module_name)
     except (ImportError, ValueError):
         found = None
     if found is None or not found.origin or not os.path.isfile(found.origin):
-        return []
+        return None
     origin = os.path.realpath(found.origin)
-    # Files inside site-packages belong to installed packages, not to the user's project.
-    if "site-packages" in origin.split(os.sep):
-        return []
+    if "site-packages" in origin.split(os.sep) or os.path.dirname(origin) == _PACKAGE_DIR:
+        return None
     cwd = os.path.realpath(os.getcwd())
-    return [os.path.relpath(origin, cwd) if origin.startswith(cwd + os.sep) else origin]
+    return os.path.relpath(origin, cwd) if origin.startswith(cwd + os.sep) else origin
 
 
 def _ensure_workdir_importable() -> None:
@@ -188,34 +198,38 @@ def open_source(spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None)
 
 
 def source_fingerprint(spec: DatasetSpec, source) -> dict[str, Any]:
-    """What the manifest records of the inputs: a content digest that changes when any input does."""
-    if spec.source["kind"] != "webdataset":
-        return fingerprint_files(source.files)
-    # The shard list already holds every shard's sha256: no need to read the shards again.
-    combined = hashlib.sha256()
-    for entry in source.entries:
-        combined.update(f"{entry['path']}\0{entry['size']}\0{entry['sha256']}\n".encode())
+    """What the manifest records of the inputs: a content digest that changes when any input does,
+    the user's adapter code included (``adapters_sha256``, also part of each part's fingerprint)."""
     adapters = fingerprint_files(adapter_files(spec))
-    combined.update(adapters["sha256"].encode())
-    return {"files": len(source.entries) + adapters["files"],
-            "bytes": int(sum(e["size"] for e in source.entries)) + adapters["bytes"],
-            "sha256": combined.hexdigest(),
-            "adapters_sha256": adapters["sha256"]}
+    kind = spec.source["kind"]
+    if kind == "webdataset":
+        # The shard list already holds every shard's sha256: no need to read the shards again.
+        data = hashlib.sha256()
+        for entry in source.entries:
+            data.update(f"{entry['path']}\0{entry['size']}\0{entry['sha256']}\n".encode())
+        found = {"files": len(source.entries), "bytes": int(sum(e["size"] for e in source.entries)),
+                 "sha256": data.hexdigest()}
+    elif kind == "python":
+        found = {"files": 0, "bytes": 0, "sha256": ""}  # the factory's module is an adapter file
+    else:
+        found = fingerprint_files(source.files)
+    combined = hashlib.sha256(f"{found['sha256']}\0{adapters['sha256']}".encode())
+    return {**found, "files": found["files"] + adapters["files"], "bytes": found["bytes"] + adapters["bytes"],
+            "sha256": combined.hexdigest(), "adapters_sha256": adapters["sha256"]}
 
 
 def input_files(spec: DatasetSpec) -> list[str]:
     """Files whose change must rebuild the dataset, listed cheaply (for Snakemake's DAG)."""
     src = spec.source
+    adapters = adapter_files(spec)
     if src["kind"] == "arrays":
-        return [src["path"]] if "path" in src else [src["columns"][n] for n in spec.field_names]
-    if src["kind"] == "webdataset":
-        return adapter_files(spec)  # the shards are inputs of the shard list, which the manifest reads
+        return ([src["path"]] if "path" in src else [src["columns"][n] for n in spec.field_names]) + adapters
     if src["kind"] == "image_folder":
         root = Path(src["root"])
         if not root.is_dir():
-            return [str(root)]  # missing: Snakemake reports it as a missing input
-        return [str(root / rel) for rel, _ in list_image_folder(root, src["extensions"])[1]]
-    return adapter_files(spec)
+            return [str(root)] + adapters  # missing: Snakemake reports it as a missing input
+        return [str(root / rel) for rel, _ in list_image_folder(root, src["extensions"])[1]] + adapters
+    return adapters  # python; webdataset shards are inputs of the shard list, which the manifest reads
 
 
 def _require_files(dataset: str, files: list[str]) -> None:

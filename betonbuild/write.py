@@ -75,7 +75,8 @@ class CheckedDataset:
             raise
         except Exception as exc:
             raise SampleError(
-                self.spec.name, None, index, f"the source's __getitem__ raised {type(exc).__name__}: {exc}"
+                self.spec.name, None, index, f"the source's __getitem__ raised {type(exc).__name__}: {exc}",
+                "fix the adapter; the traceback shows where it raised",
             ) from exc
 
     def check(self, sample, index: int) -> tuple:
@@ -169,7 +170,8 @@ def _explain(dataset: CheckedDataset, fields: dict, exc: BaseException) -> BaseE
     too_big = isinstance(exc, MemoryError) or (isinstance(exc, ValueError) and "Tried allocating" in str(exc))
     if too_big:
         return page_fit_error(dataset.spec, fields, dataset[index], index)
-    return SampleError(dataset.spec.name, None, index, f"ffcv's encode raised {type(exc).__name__}: {exc}")
+    return SampleError(dataset.spec.name, None, index, f"ffcv's encode raised {type(exc).__name__}: {exc}",
+                       "replay the sample with `betonbuild repro` to debug the encode in one process")
 
 
 def disk_full_error(dataset: str, exc: OSError) -> WriteError:

@@ -11,7 +11,11 @@ must pass the real config validation.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,3 +176,183 @@ def test_readme_starts_with_make_run_and_make_test():
     )
     assert "source .venv/bin/activate && snakemake --cores 32 all" in blocks[1][1]
     assert "docs/configuration.md" in text
+
+
+# --- configuration.md: the complete entry and the dataset keys --------------------------------------
+
+
+def dataset_level_keys() -> set[str]:
+    """Every key of a dataset outside `source` and `fields` (dotted, below datasets.NAME)."""
+    prefix = "datasets.NAME."
+    return {path.removeprefix(prefix) for path, *_ in schema_keys()
+            if path.startswith(prefix) and path.split(".")[2] not in ("source", "fields")}
+
+
+def section(text: str, heading: str) -> str:
+    """The text of a markdown section, from its heading to the next heading of the same or a higher level."""
+    level = len(heading) - len(heading.lstrip("#"))
+    lines = text[text.index(heading + "\n") + len(heading) + 1:].splitlines(keepends=True)
+    fenced = False
+    for i, line in enumerate(lines):
+        fenced ^= line.startswith("```")
+        if not fenced and re.match(rf"#{{1,{level}}} ", line):
+            return "".join(lines[:i])
+    return "".join(lines)
+
+
+def test_complete_entry_holds_every_dataset_level_key():
+    blocks = [body for lang, body in fenced_blocks(section(CONFIG_DOC.read_text(), "## A complete entry")) if lang == "yaml"]
+    assert len(blocks) == 1, "docs/configuration.md: `A complete entry` must hold one YAML block"
+    (entry,) = yaml.safe_load(blocks[0])["datasets"].values()
+    missing = []
+    for key in sorted(dataset_level_keys()):
+        node = entry
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                missing.append(key)
+                break
+            node = node[part]
+    assert not missing, f"docs/configuration.md says its complete entry shows every key, but it lacks {missing}"
+    source_keys = {path.rsplit(".", 1)[1] for path, *_ in schema_keys() if path.startswith("datasets.NAME.source.")}
+    assert set(entry["source"]) == {"kind", "path", "columns"} <= source_keys  # every key of kind: arrays
+    load_config({"datasets": {"example": entry}})
+
+
+def test_dataset_row_lists_every_key_a_dataset_allows():
+    row = " ".join(doc_rows()["datasets.NAME"])
+    allowed = set(re.findall(r"`([a-z_]+)`", row.split("Keys allowed:", 1)[1]))
+    top = {key.split(".")[0] for key in dataset_level_keys()} | {"source", "fields"}
+    assert allowed == top, f"the `datasets.NAME` row's `Keys allowed:` differs from the schema: {sorted(allowed ^ top)}"
+
+
+# --- examples that are built for real -----------------------------------------------------------------
+
+VERIFICATION_DOC = REPO / "docs" / "verification.md"
+BIN = Path(sys.executable).parent
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def custom_example() -> dict[str, list[str]]:
+    """The blocks of verification.md's complete custom-field example, by language, in order."""
+    blocks: dict[str, list[str]] = {}
+    for lang, body in fenced_blocks(section(VERIFICATION_DOC.read_text(), "### A complete example: your own field class")):
+        blocks.setdefault(lang, []).append(body)
+    return blocks
+
+
+def write_named_files(blocks: list[str], directory: Path) -> list[str]:
+    """Writes each block to the file its first line names (`# mytexts.py, in the working directory`)."""
+    names = []
+    for body in blocks:
+        match = re.match(r"# ([\w.]+\.(?:py|yaml)),", body)
+        assert match, f"an example block must start with `# FILE, in the working directory`: {body[:80]!r}"
+        (directory / match.group(1)).write_text(body)
+        names.append(match.group(1))
+    return names
+
+
+def test_custom_field_example_builds_verifies_and_loads(tmp_path):
+    blocks = custom_example()
+    module, loader_snippet = blocks["python"]
+    assert write_named_files([module], tmp_path) == ["mytexts.py"]
+    assert write_named_files(blocks["yaml"], tmp_path) == ["config.yaml"]
+
+    commands = [line for line in blocks["bash"][0].splitlines() if line.strip()]
+    outputs = {}
+    for line in commands:
+        cmd = shlex.split(line)
+        if cmd[0] == "snakemake":  # a dry run: the DAG and every job's resources (mem_mb from the class)
+            cmd = [c.replace("PATH/TO/betonbuild/Snakefile", str(REPO / "Snakefile")) for c in cmd] + ["-n", "-p"]
+            cmd[0] = str(BIN / "snakemake")
+        outputs[cmd[1] if cmd[0] == "betonbuild" else "snakemake"] = run(cmd, tmp_path).stdout
+    assert set(outputs) == {"write", "verify", "inspect", "snakemake"}
+
+    report = json.loads(outputs["verify"])
+    assert report["ok"] is True, report["worst"]
+    checks = {c["name"]: c for c in report["checks"]}
+    text = checks["custom_fields"]["fields"]["text"]
+    assert text["class"] == "mytexts:UTF8TextField"
+    assert text["reencoded_equal"] == text["decoded_equal"] == 64
+    assert checks["loader_batch"]["ok"] and "no decode/from_loader" not in checks["loader_batch"]["detail"]
+    assert [f["type_id"] for f in report["fields"]] == [255, 255, 1]
+    assert "'beton'" in outputs["inspect"] and "'text 1'" in outputs["inspect"]
+    assert "rule verify:" in outputs["snakemake"] and "mem_mb=" in outputs["snakemake"]
+
+    # The Loader snippet, on the file `betonbuild write` made; its last batch holds samples 48-63.
+    snippet = loader_snippet.replace("results/texts/texts.beton", "texts.beton") + (
+        "\nfrom mytexts import texts as make\n"
+        "assert texts == [make()[i]['text'] for i in range(48, 64)], texts\n"
+        "assert titles == [f'text {i}' for i in range(48, 64)], titles\n"
+        "assert label.numpy().ravel().tolist() == [i % 3 for i in range(48, 64)]\n"
+        "print('loader ok')\n"
+    )
+    (tmp_path / "load.py").write_text("import betonbuild  # ffcv without its numba start-up cost\n" + snippet)
+    assert "loader ok" in run([sys.executable, "load.py"], tmp_path).stdout
+
+
+def test_readme_python_dataset_example_builds_and_verifies(tmp_path):
+    readme = README.read_text()
+    (module,) = [body for lang, body in fenced_blocks(readme) if lang == "python" and "def captions(" in body]
+    (tmp_path / "mydatasets.py").write_text(module)
+    (example,) = [yaml.safe_load(body) for lang, body in fenced_blocks(readme)
+                  if lang == "yaml" and "mydatasets:captions" in body]
+    write_config_file = tmp_path / "config.yaml"
+    write_config_file.write_text(yaml.safe_dump({"datasets": {"captions": example["datasets"]["captions"]}}, sort_keys=False))
+    run(["betonbuild", "write", "--config", "config.yaml", "--dataset", "captions", "--output", "captions.beton"], tmp_path)
+    report = json.loads(run(["betonbuild", "verify", "captions.beton", "--config", "config.yaml",
+                             "--dataset", "captions"], tmp_path).stdout)
+    assert report["ok"] is True, report["worst"]
+    assert report["num_samples"]["found"] == example["datasets"]["captions"]["source"]["args"]["n"]
+
+
+# --- quoted messages are the code's ---------------------------------------------------------------------
+
+
+def flat(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+@pytest.fixture
+def example_module_dir(tmp_path, monkeypatch):
+    """tmp_path holding the custom-field example's module, as the working directory of this process."""
+    (tmp_path / "mytexts.py").write_text(custom_example()["python"][0])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_class puts the working directory first
+    yield tmp_path
+    sys.modules.pop("mytexts", None)
+
+
+def test_troubleshooting_quotes_the_real_messages(example_module_dir):
+    from betonbuild.custom import load_class
+    from betonbuild.errors import ConfigError, SampleError
+    from betonbuild.provenance import installed_ffcv_build
+    from betonbuild.samples import check_sample
+    from betonbuild.verify import Report, _check_build
+
+    readme = flat(README.read_text())
+
+    captions = load_config({"datasets": {"captions": {"source": {"kind": "python", "factory": "m:f"},
+                                                      "fields": {"caption": {"type": "bytes"}}}}}).datasets["captions"]
+    with pytest.raises(SampleError) as empty:
+        check_sample(captions, (b"",), 7)
+    assert f"betonbuild error: {empty.value}" in readme
+
+    reader = installed_ffcv_build()
+    report = Report()
+    digits = load_config({"datasets": {"digits": {"source": {"kind": "arrays", "path": "d.npz", "columns": {"x": "x"}},
+                                                  "fields": {"x": {"type": "int"}}}}}).datasets["digits"]
+    _check_build(digits, {**reader, "numpy": "2.3.1"}, {**reader, "numpy": "2.4.6"}, report)
+    assert f"verification of results/digits/digits.beton failed: {report.worst()} (full report kept at " in readme
+
+    for path in ("mytext:UTF8TextField", "mytexts:UTF8Text", "mytexts:texts", "mytexts:Texts"):
+        with pytest.raises(ConfigError) as bad:
+            load_class(path, "datasets.texts.fields.text.class")
+        why = bad.value.why if path != "mytext:UTF8TextField" else str(bad.value)
+        assert flat(why) in readme, f"README does not quote the error for {path}: {why}"
+    assert "Must specify a custom_field entry for custom field text" in readme  # ffcv/reader.py's text

@@ -35,6 +35,20 @@ def make():
     return Squares()
 '''
 
+TAGS_ADAPTER = '''
+def make():
+    return [{"name": f"tag-{i}", "y": i} for i in range(12)]
+'''
+
+# A custom field class in a module of its own: editing it must rebuild the datasets that use it.
+TAG_FIELD = '''
+from betonbuild.custom import FixedUTF8Field
+
+
+class TagField(FixedUTF8Field):
+    pass
+'''
+
 SLOW_ADAPTER = '''
 import time
 
@@ -75,6 +89,12 @@ def base_datasets() -> dict:
             "fields": {"x": {"type": "ndarray", "dtype": "int64", "shape": [4]}, "y": {"type": "int"}},
             "smoke": {"samples": 4},
         },
+        "tags": {
+            "source": {"kind": "python", "factory": "tags:make"},
+            "fields": {"name": {"type": "custom", "class": "tagfield:TagField", "args": {"width": 8}},
+                       "y": {"type": "int"}},
+            "smoke": {"samples": 4},
+        },
     }
 
 
@@ -89,6 +109,8 @@ def project(tmp_path_factory):
     make_digits_npz(workdir / "digits.npz", n=120)
     make_photo_folder(workdir / "photos", per_class=2, size=32)
     (workdir / "squares.py").write_text(ADAPTER)
+    (workdir / "tags.py").write_text(TAGS_ADAPTER)
+    (workdir / "tagfield.py").write_text(TAG_FIELD)
     write_config(workdir, base_datasets())
     run_snakemake(workdir, "all")
     return workdir
@@ -155,6 +177,13 @@ def test_editing_the_adapter_rebuilds_only_the_datasets_that_use_it(project):
     assert ran(run_snakemake(project, "all")) == {"squares": ALL_STAGES}
     x = json.loads((project / "results/squares/squares.verify.json").read_text())
     assert x["ok"] is True
+
+
+def test_editing_a_custom_field_class_rebuilds_only_the_datasets_that_use_it(project):
+    field = project / "tagfield.py"
+    field.write_text(TAG_FIELD + "\n# the class's module changed\n")
+    assert ran(run_snakemake(project, "all")) == {"tags": ALL_STAGES}
+    assert json.loads((project / "results/tags/tags.verify.json").read_text())["ok"] is True
 
 
 def test_adding_a_dataset_builds_only_it_and_removing_it_reruns_nothing(project):

@@ -500,3 +500,15 @@ def test_sample_error_survives_pickling_with_its_fields():
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.dataset, copy.field, copy.index, copy.fix) == (error.dataset, error.field, error.index, error.fix)
     assert str(copy) == str(error)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("label", 2**64), ("label", 1.5), ("label", None), ("score", 10**400), ("score", "x"),
+    ("emb", np.zeros((2, 2), np.float32)), ("emb", np.zeros((2, 3), np.float64)),
+    ("image", np.zeros((8, 8, 5), np.uint8)), ("image", np.zeros((8, 8, 4), np.uint8)),
+    ("image", np.zeros((3, 8, 8), np.uint8)), ("image", np.zeros((8, 0, 3), np.uint8)),
+    ("image", np.zeros((8, 70000, 3), np.uint8)), ("image_small", np.zeros((1, 400, 3), np.uint8)),
+    ("blob", b""), ("blob", np.zeros(4, np.float32)), ("meta", {"tags": {1, 2}}), ("meta", np.int64(3)),
+])
+def test_every_rejection_says_what_to_change(field, value):
+    assert rejected(field, value).fix, "the error must say what to change"

@@ -245,7 +245,7 @@ def test_python_factory_is_imported_from_the_working_directory(workdir: Path):
     wine = load_wine()
     assert len(source) == 20
     assert source[3] == (float(wine.data[3][0]), int(wine.target[3]))
-    assert source.files == ["bb_wine_adapter.py"]
+    assert adapter_files(spec) == ["bb_wine_adapter.py"]
     assert source.sample_sizes() is None
 
 
@@ -369,3 +369,13 @@ def test_sha256_file_matches_hashlib(tmp_path: Path):
     data = os.urandom(3 << 20)  # more than one read chunk
     path.write_bytes(data)
     assert sha256_file(path) == hashlib.sha256(data).hexdigest()
+
+
+def test_custom_field_class_modules_are_adapter_files_but_betonbuilds_own_are_not(workdir: Path):
+    write_module(workdir, "bb_tagfield.py", "from betonbuild.custom import FixedUTF8Field as TagField\n")
+    spec = make_spec({"kind": "arrays", "path": "x.npz", "columns": {"a": "a", "b": "b", "y": "y"}},
+                     {"a": {"type": "custom", "class": "bb_tagfield:TagField", "args": {"width": 4}},
+                      "b": {"type": "custom", "class": "betonbuild.custom:FixedUTF8Field", "args": {"width": 4}},
+                      "y": {"type": "int"}}, name="tags")
+    assert adapter_files(spec) == ["bb_tagfield.py"]
+    assert input_files(spec) == ["x.npz", "bb_tagfield.py"]

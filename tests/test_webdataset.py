@@ -824,6 +824,14 @@ def test_nothing_changed_runs_nothing(project):
     assert ran(run_snakemake(project["workdir"], "all")) == {}
 
 
+def test_editing_the_pipeline_module_rebuilds_only_the_dataset_that_uses_it(project):
+    workdir = project["workdir"]
+    (workdir / "wdspipe.py").write_text(PIPELINE_MODULE + "\n# the pipeline's module changed\n")
+    jobs = ran(run_snakemake(workdir, "all"))
+    assert set(jobs) == {"digits"}, jobs
+    assert {"source_manifest", "smoke", "write", "verify"} <= jobs["digits"], jobs
+
+
 def test_adding_changing_and_removing_shards_rebuilds_only_that_dataset_and_recounts_only_them(project):
     """Runs last in this module: it edits the project's shards."""
     workdir = project["workdir"]
