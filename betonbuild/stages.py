@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from .failure import clear_failure, save_failure
 from .beton import BetonFile
 from .custom import handlers
 from .digest import range_digest
-from .partitions import plan_partitions, rows_digest
+from .partitions import plan_partitions, rows_digest, whole_order
 from .preflight import inspect_samples, largest_rows
 from .provenance import ffcv_build
 from .sources import open_source, source_fingerprint
@@ -38,8 +39,11 @@ def make_shard_list(spec: DatasetSpec, shard_list_path: str) -> dict[str, Any]:
     return listing
 
 
-def make_source_manifest(spec: DatasetSpec, manifest_path: str) -> dict[str, Any]:
-    """results/{ds}/source.json: length, final sample order and a fingerprint of the inputs."""
+def make_source_manifest(spec: DatasetSpec, manifest_path: str, plan_parts: bool = True) -> dict[str, Any]:
+    """results/{ds}/source.json: length, final sample order and a fingerprint of the inputs.
+
+    ``plan_parts=False`` (the CLI, which writes one file) plans the whole order as one part rather
+    than fingerprinting each partition's source content."""
     source = open_source(spec, Path(manifest_path).parent)
     order = resolve_indices(spec.writer, len(source), spec.name)
     inputs = source_fingerprint(spec, source)
@@ -51,7 +55,7 @@ def make_source_manifest(spec: DatasetSpec, manifest_path: str) -> dict[str, Any
         "order_sha256": rows_digest(order),
         "inputs": {k: v for k, v in inputs.items() if k != "file_sha256"},  # per file: too long to keep
         "source": spec.source,
-        "partitions": plan_partitions(spec, source, order, inputs),
+        "partitions": plan_partitions(spec, source, order, inputs) if plan_parts else [whole_order(order, inputs)],
     }
     write_json(manifest_path, manifest)
     return manifest
@@ -97,6 +101,7 @@ def build(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: s
     The smoke stage first inspects its samples and the largest ones (``inspect_path``). A bad
     sample is saved under ``results/{ds}/failure/`` for ``betonbuild repro``.
     """
+    started = time.time()
     source = open_source(spec, Path(manifest_path).parent)
     rows = rows_to_write(spec, source, manifest_path, smoke, part)
     # results/{ds}/failure/ (a part's file is in results/{ds}/parts/)
@@ -112,7 +117,7 @@ def build(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: s
         record = write_beton(spec, source, rows, beton_path, workers, label=f"{spec.name} ({stage})", log=log,
                              work_items=shard_work_items(source, rows))
     except SampleError as exc:
-        saved = save_failure(failure_dir, spec, source, exc, stage)
+        saved = save_failure(failure_dir, spec, source, exc, stage, started)
         exc.args = (f"{exc}\nThe failing sample is saved in {saved}; replay it with: betonbuild repro {saved}",)
         raise
     if part is None:  # a partitioned dataset's failure is cleared by its merge, when every part is written
