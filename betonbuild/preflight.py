@@ -15,10 +15,8 @@ import numpy as np
 
 from .fields import build_fields
 from .samples import sample_to_tuple
-from .spec import DatasetSpec
+from .spec import LARGEST_SAMPLES, DatasetSpec
 from .write import CheckedDataset, measure_allocations, page_fit_error
-
-LARGEST_SAMPLES = 8
 
 
 def largest_rows(source, order: np.ndarray, k: int = LARGEST_SAMPLES) -> np.ndarray:

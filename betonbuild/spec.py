@@ -27,6 +27,8 @@ FIXED_SIZE_TYPES = ("int", "float", "ndarray", "torch_tensor")
 TORCH_DTYPES = ("float16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool")
 _SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # http:, s3:, gs:, pipe:, file: ...
+# The smoke stage's pre-flight inspects this many of a dataset's largest samples (where sizes are cheap).
+LARGEST_SAMPLES = 8
 _RANGE_RE = re.compile(r"^\s*(\d*)\s*:\s*(\d*)\s*(?::\s*(\d+)\s*)?$")
 
 

@@ -30,7 +30,7 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 
 from .errors import SampleError, SourceError
-from .spec import DatasetSpec
+from .spec import LARGEST_SAMPLES, DatasetSpec
 
 META_MEMBER = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
 
@@ -186,8 +186,9 @@ def _name_and_size(header: bytes, kind: bytes, size: int, global_pax: dict, pend
     return (name.rstrip("/") if kind == b"5" else name), kind, size
 
 
-def tar_members(fh: BinaryIO, file_size: int | None) -> Iterator[tuple[str, bool]]:
-    """(name, is a regular file) of each member of a tar stream, in order, named as tarfile names them.
+def tar_members(fh: BinaryIO, file_size: int | None) -> Iterator[tuple[str, bool, int]]:
+    """(name, is a regular file, payload bytes) of each member of a tar stream, in order, named as
+    tarfile names them.
 
     Reads the 512-byte headers (and the records of the extended headers) and seeks over the payloads.
     Raises TarDamage where the archive is cut, or a header is not one, or no end-of-archive blocks
@@ -229,7 +230,7 @@ def tar_members(fh: BinaryIO, file_size: int | None) -> Iterator[tuple[str, bool
         if offset != data:
             if fh.seek(offset) != offset or (file_size is not None and data + size > file_size):
                 raise TarDamage(data, "unexpected end of data", last, truncated=True, inside=True)
-        yield last, kind in REGULAR
+        yield last, kind in REGULAR, size
 
 
 @contextmanager
@@ -273,6 +274,7 @@ def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
     split = _name_splitter()
     samples, extensions, seen = 0, set(), set()
     current_key, current_exts = None, set()
+    sample_bytes: list[int] = []  # payload bytes per sample: the pre-flight inspects the largest
 
     def close_sample():
         if current_key is None or not required:
@@ -288,7 +290,7 @@ def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
 
     try:
         with open_shard(path) as (fh, size):
-            for name, regular in tar_members(fh, size):
+            for name, regular, member_bytes in tar_members(fh, size):
                 if not regular or _is_meta(name):
                     continue
                 key, ext = split(name)
@@ -302,10 +304,12 @@ def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
                     seen.add(key)
                     current_key, current_exts = key, set()
                     samples += 1
+                    sample_bytes.append(0)
                 if ext in current_exts:
                     raise SourceError(spec.name, f"shard {path}: sample key {key!r} has two {ext!r} members")
                 current_exts.add(ext)
                 extensions.add(ext)
+                sample_bytes[-1] += member_bytes
         close_sample()
     except FileNotFoundError:
         raise SourceError(spec.name, f"shard {path} does not exist (working directory {os.getcwd()})") from None
@@ -316,7 +320,9 @@ def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
                           f"{type(exc).__name__}: {exc}") from None
     if samples == 0:
         raise SourceError(spec.name, f"shard {path} holds no sample")
-    return {"samples": samples, "keys": sorted(extensions)}
+    largest = sorted(range(samples), key=lambda i: -sample_bytes[i])[:LARGEST_SAMPLES]
+    return {"samples": samples, "keys": sorted(extensions),
+            "largest": [[i, sample_bytes[i]] for i in sorted(largest)]}  # [position in shard, bytes]
 
 
 def _damage_message(path: str, damage: TarDamage, split) -> str:
@@ -491,8 +497,16 @@ class WebDatasetSource:
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
-    def sample_sizes(self) -> None:
-        return None
+    def sample_sizes(self) -> np.ndarray | None:
+        """Bytes of each shard's largest samples (from the tar headers; 0 for the others): enough for
+        the pre-flight to find the dataset's largest ones. None for shard lists without sizes."""
+        if not all("largest" in e for e in self.entries):
+            return None
+        sizes = np.zeros(len(self), dtype=np.int64)
+        for offset, entry in zip(self.offsets, self.entries):
+            for position, size in entry["largest"]:
+                sizes[offset + position] = size
+        return sizes
 
     def location(self, index: int) -> tuple[int, int]:
         shard = int(np.searchsorted(self.offsets, index, side="right") - 1)

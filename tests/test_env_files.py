@@ -66,14 +66,18 @@ def test_the_installed_venv_matches_the_lock():
         assert version(name).split("+")[0] == pins[name]
 
 
-def test_every_rule_names_the_ffcv_env_and_has_log_and_benchmark():
+def test_every_rule_names_the_ffcv_env_and_has_log_benchmark_and_threads():
+    checked = []
     for smk in sorted((REPO / "rules").glob("*.smk")):
-        for block in re.split(r"\n(?=rule )", smk.read_text()):
-            if not block.startswith("rule "):
+        for block in re.split(r"\n(?=(?:rule|checkpoint) )", smk.read_text()):
+            if not block.startswith(("rule ", "checkpoint ")):
                 continue
             name = block.split(":")[0]
+            checked.append(name)
             assert 'conda:\n        "../envs/ffcv.yaml"' in block, f"{smk.name}: {name} has no conda env"
             assert "\n    log:" in block and "\n    benchmark:" in block, f"{smk.name}: {name} lacks log/benchmark"
+            assert "\n    threads:" in block, f"{smk.name}: {name} declares no threads"
+    assert "checkpoint source_manifest" in checked and "rule write_part" in checked, checked
 
 
 def test_snakemake_lint_is_clean():

@@ -137,9 +137,43 @@ def test_count_shard_counts_samples_and_keys_from_headers(photo_shards):
     from betonbuild.wds import count_shard
 
     spec = wds_spec("s/p-*.tar")
-    assert count_shard(spec, "s/p-0.tar") == {"samples": 7, "keys": ["cls", "jpg", "json"]}
-    assert count_shard(spec, "s/p-1.tar") == {"samples": 7, "keys": ["cls", "jpg", "json", "png"]}  # coffee_1
-    assert count_shard(spec, "s/p-2.tar") == {"samples": 6, "keys": ["cls", "jpg", "json"]}
+    counted = {name: count_shard(spec, f"s/{name}") for name in ("p-0.tar", "p-1.tar", "p-2.tar")}
+    assert {name: (c["samples"], c["keys"]) for name, c in counted.items()} == {
+        "p-0.tar": (7, ["cls", "jpg", "json"]),
+        "p-1.tar": (7, ["cls", "jpg", "json", "png"]),  # coffee_1
+        "p-2.tar": (6, ["cls", "jpg", "json"]),
+    }
+
+
+def _payload_bytes_per_sample(paths) -> list[int]:
+    """Every sample's payload bytes, in dataset order, as tarfile reads them."""
+    import tarfile
+
+    sizes = []
+    for path in paths:
+        with tarfile.open(path) as tar:
+            keys = {}
+            for member in tar:
+                keys[member.name.split(".")[0]] = keys.get(member.name.split(".")[0], 0) + member.size
+            sizes += list(keys.values())
+    return sizes
+
+
+def test_the_preflight_finds_the_largest_samples_from_tar_headers(photo_shards):
+    """count_shard keeps each shard's largest samples; together they hold the dataset's largest."""
+    from betonbuild.preflight import largest_rows
+    from betonbuild.spec import LARGEST_SAMPLES
+    from betonbuild.wds import WebDatasetSource, shard_list
+
+    spec = wds_spec("s/p-{0..2}.tar")
+    Path("shards.json").write_text(json.dumps(shard_list(spec, "cache.json")))
+    source = WebDatasetSource(spec, "shards.json")
+    truth = np.array(_payload_bytes_per_sample(photo_shards))
+    assert len(truth) == len(source) == 20
+    order = np.arange(20)
+    expected = np.sort(np.argsort(truth, kind="stable")[::-1][:LARGEST_SAMPLES])
+    assert largest_rows(source, order).tolist() == expected.tolist()
+    assert source.sample_sizes()[expected].tolist() == truth[expected].tolist()
 
 
 def test_count_shard_does_not_decode_payloads(tmp_path, monkeypatch):
@@ -297,19 +331,19 @@ def test_indexed_source_is_safe_to_read_from_two_threads(photo_shards):
 # -- the tar scan: tarfile's member names, webdataset's samples, and no quiet end ---------------
 
 
-def _tarfile_members(path) -> list[tuple[str, bool]]:
+def _tarfile_members(path) -> list[tuple[str, bool, int]]:
     """What webdataset reads: tarfile in stream mode."""
     import tarfile
 
     with tarfile.open(path, "r|*") as tar:
-        return [(m.name, m.isreg()) for m in tar]
+        return [(m.name, m.isreg(), m.size if m.isreg() else 0) for m in tar]
 
 
-def _scanned(path) -> list[tuple[str, bool]]:
+def _scanned(path) -> list[tuple[str, bool, int]]:
     from betonbuild.wds import open_shard, tar_members
 
     with open_shard(str(path)) as (fh, size):
-        return list(tar_members(fh, size))
+        return [(name, regular, size if regular else 0) for name, regular, size in tar_members(fh, size)]
 
 
 LONG_DIR = "d" * 90 + "/" + "e" * 70  # names past 100 bytes: a ustar prefix, a GNU 'L' or a PAX path
@@ -352,8 +386,9 @@ def test_tar_scan_names_every_member_as_tarfile_does(tmp_path, fmt, compression)
     path = _odd_tar(tmp_path / f"odd.tar{'.' + compression if compression else ''}", fmt, compression)
     scanned = _scanned(path)
     assert scanned == _tarfile_members(path)
-    assert (f"{LONG_DIR}/0004.jpg", True) in scanned and ("café/0005.jpg", True) in scanned
-    assert ("dir.v1", False) in scanned and ("0007.jpg", False) in scanned
+    names = [(name, regular) for name, regular, _ in scanned]
+    assert (f"{LONG_DIR}/0004.jpg", True) in names and ("café/0005.jpg", True) in names
+    assert ("dir.v1", False) in names and ("0007.jpg", False) in names
 
 
 @pytest.mark.parametrize("fmt", ["ustar", "gnu", "pax"])
@@ -368,7 +403,9 @@ def test_count_shard_groups_samples_as_webdataset_does(tmp_path, monkeypatch, fm
     keys = sorted({k for s in samples for k in s if not k.startswith("__")})
     assert [s["__key__"] for s in samples] == ["dir.v1/0001", "0002", f"{LONG_DIR}/0004", "café/0005", "0006"]
     spec = wds_spec(path.name, keys=None, pipeline="mod:fn")  # a pipeline: no key is required
-    assert count_shard(spec, path.name) == {"samples": len(samples), "keys": keys}
+    payload_bytes = [sum(len(v) for k, v in s.items() if not k.startswith("__")) for s in samples]
+    assert count_shard(spec, path.name) == {"samples": len(samples), "keys": keys,
+                                            "largest": [[i, n] for i, n in enumerate(payload_bytes)]}
     assert keys == ["cls", "jpg", "seg.png", "txt"]
 
 
@@ -811,6 +848,8 @@ def test_shard_list_is_derived_per_shard(project):
         ("digits/d-000002.tar", 10, ["cls", "npy"]),
     ]
     assert all(len(e["sha256"]) == 64 and e["size"] > 0 and e["mtime_ns"] > 0 for e in listing["shards"])
+    # each shard's largest samples by payload bytes (for the pre-flight), here all the same size
+    assert [len(e["largest"]) for e in listing["shards"]] == [8, 8, 8]
     source = json.loads((project["workdir"] / "results/digits/source.json").read_text())
     assert source["length"] == 60
 
