@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -342,6 +343,11 @@ def test_troubleshooting_quotes_the_real_messages(example_module_dir):
     with pytest.raises(SampleError) as empty:
         check_sample(captions, (b"",), 7)
     assert f"betonbuild error: {empty.value}" in readme
+    wine = load_config({"datasets": {"wine": {"source": {"kind": "python", "factory": "m:f"}, "fields": {
+        "features": {"type": "ndarray", "dtype": "float32", "shape": [13]}}}}}).datasets["wine"]
+    with pytest.raises(SampleError) as float64:
+        check_sample(wine, (np.zeros(13),), 12)
+    assert f"betonbuild error: {float64.value}" in readme
 
     reader = installed_ffcv_build()
     report = Report()
