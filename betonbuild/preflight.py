@@ -8,6 +8,7 @@ problem found here fails the smoke build in seconds with the same message the fu
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -55,6 +56,7 @@ def inspect_samples(spec: DatasetSpec, source, rows: np.ndarray) -> dict[str, An
                 info["dtypes"].add(str(value.dtype))
             if hasattr(value, "shape"):
                 info["shapes"].add(tuple(int(s) for s in value.shape))
+            info["json_encodable"].add(_json_encodable(raw_value))
             sizes[field.name].append(allocations[field.name] + np.dtype(fields[field.name].metadata_type).itemsize)
     summary = {}
     for field in spec.fields:
@@ -71,7 +73,7 @@ def inspect_samples(spec: DatasetSpec, source, rows: np.ndarray) -> dict[str, An
                 "median": float(np.median(field_sizes)),
                 "max": int(field_sizes.max()),
             },
-            "json_encodable": True if field.type == "json" else None,
+            "json_encodable": bool(info["json_encodable"]) and all(info["json_encodable"]),
         }
     return {
         "dataset": spec.name,
@@ -80,3 +82,12 @@ def inspect_samples(spec: DatasetSpec, source, rows: np.ndarray) -> dict[str, An
         "largest_sample": {"index": largest_index, "bytes": int(largest_total), "page_size": spec.writer.page_size,
                            "fraction_of_page": round(largest_total / spec.writer.page_size, 6)},
     }
+
+
+def _json_encodable(value: Any) -> bool:
+    """Whether the source's value could be stored as a ``json`` field as it is."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return False
+    return True
