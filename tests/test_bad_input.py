@@ -82,6 +82,8 @@ ADAPTER_SOURCE = textwrap.dedent(
     def bad(kind, i):
         """One bad sample of each kind; the family's other fields stay good."""
         if kind == "getitem_raises":
+            with open(f"raised_at_{i}.txt", "w") as fh:  # when the worker raised (the exit bound counts from it)
+                fh.write(repr(time.time()))
             raise RuntimeError(f"corrupt record {i}")
         if kind.startswith("image_mode_"):
             from PIL import Image
@@ -547,9 +549,11 @@ def test_getitem_raising_at_1000_of_5000_with_2_workers_ends_fast_and_repro_repl
     write_config(workdir, {"big_source": python_dataset("basic", "getitem_raises", n=5000, at=1000)})
     started = time.monotonic()
     result = betonbuild(workdir, *write_args("big_source"))
-    seconds = time.monotonic() - started
+    ended, seconds = time.time(), time.monotonic() - started
     assert result.returncode == 1, result.stderr[-3000:]
     assert seconds < 30, f"took {seconds:.1f} s"
+    raised_at = float((workdir / "raised_at_1000.txt").read_text())
+    assert ended - raised_at < 10, f"the write ended {ended - raised_at:.1f} s after the worker raised"
     assert ("betonbuild error: dataset 'big_source', sample index 1000: "
             "the source's __getitem__ raised RuntimeError: corrupt record 1000") in result.stderr
     assert beton_leftovers(workdir, "big_source") == []
@@ -575,7 +579,8 @@ def _live(pids: list[int]) -> list[int]:
     return alive
 
 
-def test_sigterm_mid_write_cleans_up_and_a_rerun_completes(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_mid_write_cleans_up_and_a_rerun_completes(tmp_path, signum):
     import psutil
 
     workdir = workdir_with_adapter(tmp_path / "w")
@@ -598,7 +603,7 @@ def test_sigterm_mid_write_cleans_up_and_a_rerun_completes(tmp_path):
                         if "/dev/shm/" in line and "(deleted)" not in line}
         assert segments, "expected the writer's shared-memory metadata segment"
 
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         started = time.monotonic()
         stdout, stderr = proc.communicate(timeout=10)
         assert time.monotonic() - started < 10
@@ -607,7 +612,7 @@ def test_sigterm_mid_write_cleans_up_and_a_rerun_completes(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode != 0
-    assert "write interrupted by SIGTERM" in stderr, stderr[-3000:]
+    assert f"write interrupted by {signal.Signals(signum).name}" in stderr, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     assert beton_leftovers(workdir, "slow") == []
     psutil.wait_procs([psutil.Process(p) for p in _live(children)], timeout=3)
