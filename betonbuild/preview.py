@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_path
 from .beton import BetonFile, decode_image
 from .spec import DatasetSpec
 
@@ -52,7 +53,8 @@ def contact_sheet(beton_path: str, spec: DatasetSpec, out_png: str) -> list[int]
         sheet.paste(thumb, (x + (CELL - thumb.width) // 2, y + (CELL - thumb.height) // 2))
         caption = f"#{int(row)} " + " ".join(f"{name}={int(beton.metadata[name][row])}" for name in label_fields)
         draw.text((x + 2, y + CELL + 2), caption[:16], fill="black")
-    sheet.save(out_png)
+    with atomic_path(out_png) as tmp:
+        sheet.save(tmp, format="PNG")
     return [int(r) for r in rows]
 
 
@@ -80,7 +82,8 @@ def numeric_plot(beton_path: str, spec: DatasetSpec, out_png: str) -> None:
             ax.legend(fontsize=7)
     fig.suptitle(f"{spec.name}: {beton.num_samples} samples (read back from the .beton)")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=90)
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)
 
 
@@ -121,4 +124,5 @@ written by {record.get('num_workers')} worker(s) in {record.get('seconds')} s.</
 <h3>Provenance (ffcv build)</h3>{table(["", "writer", "reader"], provenance)}
 <h3>Build timings</h3>{table(["stage", "seconds", "max RSS (MB)"], timings)}
 </body></html>"""
-    Path(out_html).write_text(page)
+    with atomic_path(out_html) as tmp:
+        tmp.write_text(page)
