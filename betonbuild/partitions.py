@@ -99,6 +99,14 @@ def whole_order(order: np.ndarray, inputs: dict[str, Any]) -> dict[str, Any]:
     return _entry(0, 0, len(order), order, inputs["sha256"])
 
 
+def parts_digest(parts: list[dict[str, Any]]) -> str:
+    """One digest of every part's rows and source content, in order."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(f"{part['rows_sha256']}\0{part['fingerprint']}\n".encode())
+    return digest.hexdigest()
+
+
 def _entry(index: int, start: int, stop: int, rows: np.ndarray, fingerprint: str) -> dict[str, Any]:
     return {"index": index, "start": int(start), "stop": int(stop), "num_samples": int(stop - start),
             "rows_sha256": rows_digest(rows), "fingerprint": fingerprint}

@@ -197,9 +197,12 @@ def open_source(spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None)
     return {"arrays": ArraysSource, "image_folder": ImageFolderSource, "python": PythonSource}[kind](spec)
 
 
-def source_fingerprint(spec: DatasetSpec, source) -> dict[str, Any]:
+def source_fingerprint(spec: DatasetSpec, source, read_files: bool = True) -> dict[str, Any]:
     """What the manifest records of the inputs: a content digest that changes when any input does,
-    the user's adapter code included (``adapters_sha256``, also part of each part's fingerprint)."""
+    the user's adapter code included (``adapters_sha256``, also part of each part's fingerprint).
+
+    ``read_files=False``: the input files are only counted; the caller derives ``sha256`` from
+    digests of their content it makes anyway (a partitioned arrays source: its parts' rows)."""
     adapters = fingerprint_files(adapter_files(spec))
     kind = spec.source["kind"]
     if kind == "webdataset":
@@ -211,6 +214,8 @@ def source_fingerprint(spec: DatasetSpec, source) -> dict[str, Any]:
                  "sha256": data.hexdigest()}
     elif kind == "python":
         found = {"files": 0, "bytes": 0, "sha256": ""}  # the factory's module is an adapter file
+    elif not read_files:
+        found = {"files": len(source.files), "bytes": sum(os.path.getsize(f) for f in source.files), "sha256": None}
     else:
         found = fingerprint_files(source.files)
     combined = hashlib.sha256(f"{found['sha256']}\0{adapters['sha256']}".encode())

@@ -14,8 +14,10 @@ counts; it never silently yields zero rows or overruns into the next shard.
 from __future__ import annotations
 
 import bz2
+import functools
 import glob
 import gzip
+import importlib.util
 import json
 import lzma
 import os
@@ -47,9 +49,15 @@ def require_webdataset(dataset: str):
     return webdataset
 
 
+def require_webdataset_installed(dataset: str) -> None:
+    """The same error as require_webdataset, without importing webdataset (it imports torch: 1.2 s)."""
+    if importlib.util.find_spec("webdataset") is None:
+        require_webdataset(dataset)
+
+
 def expand_shards(spec: DatasetSpec) -> list[str]:
     """The shard paths of a webdataset source: brace patterns and globs expanded, in order."""
-    require_webdataset(spec.name)  # braceexpand comes with it
+    require_webdataset_installed(spec.name)  # braceexpand comes with it
     from braceexpand import braceexpand
 
     patterns = spec.source["shards"]
@@ -77,8 +85,8 @@ def field_keys(spec: DatasetSpec) -> list[list[str]]:
 
 
 def split_key(name: str) -> tuple[str | None, str | None]:
-    """webdataset's base_plus_ext: 'dir/000123.seg.png' -> ('dir/000123', 'seg.png'); count_shard uses
-    webdataset's own when it can import it."""
+    """webdataset's base_plus_ext: 'dir/000123.seg.png' -> ('dir/000123', 'seg.png'). A copy, so that
+    counting shards does not import webdataset (and torch); tests/test_webdataset.py compares the two."""
     match = re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", name)
     return (match.group(1), match.group(2)) if match else (None, None)
 
@@ -253,15 +261,6 @@ def open_shard(path: str) -> Iterator[tuple[BinaryIO, int | None]]:
             yield stream, None
 
 
-def _name_splitter():
-    """webdataset's own base_plus_ext (the key/extension split its group_by_keys uses), if importable."""
-    try:
-        from webdataset.tariterators import base_plus_ext
-    except ImportError:
-        return split_key
-    return base_plus_ext
-
-
 def _is_meta(name: str) -> bool:
     """Members webdataset's tar_file_iterator skips before grouping (its meta checks and skip_meta)."""
     return ("/" not in name and name.startswith("__") and name.endswith("__")) or bool(META_MEMBER.match(name))
@@ -271,7 +270,7 @@ def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
     """Samples and extensions of one shard, from its tar headers only, grouped into samples the way
     webdataset's group_by_keys groups them; checks the required keys and that no key repeats."""
     required = None if spec.source.get("pipeline") else field_keys(spec)
-    split = _name_splitter()
+    split = split_key
     samples, extensions, seen = 0, set(), set()
     current_key, current_exts = None, set()
     sample_bytes: list[int] = []  # payload bytes per sample: the pre-flight inspects the largest
@@ -342,7 +341,7 @@ def shard_list(spec: DatasetSpec, cache_path: str | os.PathLike) -> dict[str, An
     """The derived shard list: path, size, mtime, sha256, sample count and keys of every shard."""
     from .sources import sha256_file
 
-    require_webdataset(spec.name)
+    require_webdataset_installed(spec.name)
     cache_path = Path(cache_path)
     try:
         cache = json.loads(cache_path.read_text())
@@ -464,7 +463,7 @@ class WebDatasetSource:
 
     def __init__(self, spec: DatasetSpec, shard_list_path: str | os.PathLike):
         self.spec = spec
-        self.wds = require_webdataset(spec.name)
+        require_webdataset_installed(spec.name)
         with open(shard_list_path) as fh:
             self.entries = json.load(fh)["shards"]
         paths = [e["path"] for e in self.entries]
@@ -474,9 +473,6 @@ class WebDatasetSource:
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
         self.files = paths
         self.keys = field_keys(spec)
-        images = self.wds.autodecode.imagehandler(spec.source["decode"])
-        self._decoder = self.wds.autodecode.Decoder([images])
-        self._rgb8_extensions = images.extensions if spec.source["decode"] == "rgb8" else set()
         self._pipeline = None
         if spec.source.get("pipeline"):
             from .sources import import_factory
@@ -484,6 +480,24 @@ class WebDatasetSource:
             self._pipeline = import_factory(spec.name, spec.source["pipeline"])
         self._local = threading.local()  # each thread (and forked worker) reads with its own cursor
         self._pid = os.getpid()
+
+    # webdataset (which imports torch) only once samples are read: the shard list and the manifest
+    # do not need it
+    @functools.cached_property
+    def wds(self):
+        return require_webdataset(self.spec.name)
+
+    @functools.cached_property
+    def _images(self):
+        return self.wds.autodecode.imagehandler(self.spec.source["decode"])
+
+    @functools.cached_property
+    def _decoder(self):
+        return self.wds.autodecode.Decoder([self._images])
+
+    @functools.cached_property
+    def _rgb8_extensions(self) -> set:
+        return self._images.extensions if self.spec.source["decode"] == "rgb8" else set()
 
     @property
     def _cursor(self) -> tuple[int, int, Iterator] | None:

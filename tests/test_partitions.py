@@ -201,6 +201,35 @@ def test_a_changed_row_changes_exactly_its_parts_fingerprint(project: Path):
     assert [a["rows_sha256"] for a in before] == [b["rows_sha256"] for b in after]
 
 
+@pytest.mark.parametrize("shuffle", [False, True], ids=["contiguous rows", "shuffled rows"])
+def test_array_part_fingerprints_are_their_rows_bytes_and_make_up_the_source_fingerprint(project, monkeypatch,
+                                                                                         shuffle):
+    """Rows are hashed in bounded blocks (here a few rows each), straight from the memory map when
+    they are a contiguous run; the files are not hashed a second time."""
+    import betonbuild.partitions as partitions
+    from betonbuild.partitions import parts_digest
+    from betonbuild.sources import open_source
+
+    x = np.random.default_rng(0).integers(0, 255, (100, 7, 5), dtype=np.uint8)
+    np.save("x.npy", x)
+    np.save("y.npy", np.arange(100) * 3)
+    spec = spec_of({"source": {"kind": "arrays", "columns": {"x": "x.npy", "y": "y.npy"}},
+                    "fields": {"x": {"type": "ndarray", "dtype": "uint8", "shape": [7, 5]}, "y": {"type": "int"}},
+                    "partitions": 3, "writer": {"shuffle": shuffle, "seed": 4}})
+    monkeypatch.setattr(partitions, "HASH_BLOCK_BYTES", 100)  # 2 rows of x per block
+    manifest = make_source_manifest(spec, "m.json")
+    order = np.random.default_rng(4).permutation(100) if shuffle else np.arange(100)
+    adapters = manifest["inputs"]["adapters_sha256"]
+    for part in manifest["partitions"]:
+        rows = order[part["start"]:part["stop"]]
+        content = hashlib.sha256()
+        for column in open_source(spec).columns:
+            content.update(f"{column.dtype.str}{column.shape[1:]}\n".encode() + np.asarray(column)[rows].tobytes())
+        assert part["fingerprint"] == hashlib.sha256(f"{adapters}\0{content.hexdigest()}".encode()).hexdigest()
+    assert manifest["inputs"]["sha256"] == parts_digest(manifest["partitions"])
+    assert manifest["inputs"]["files"] == 2 and manifest["inputs"]["bytes"] > x.nbytes
+
+
 # ---------------------------------------------------------------------------------------------
 # The workflow
 # ---------------------------------------------------------------------------------------------

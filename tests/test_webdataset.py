@@ -133,6 +133,32 @@ def photo_shards(tmp_path, monkeypatch) -> list[Path]:
     return [write_shard(tmp_path / f"s/p-{i}.tar", samples[i * 7 : (i + 1) * 7]) for i in range(3)]
 
 
+@pytest.mark.parametrize("name", ["000123.jpg", "dir/000123.seg.png", "dir.v1/0001.jpg", "a/b.c/d.e.f", "noext",
+                                  "dir.v1/noext", ".hidden", "x.", "café/0005.JPG", "__key__.json", "a//b.c"])
+def test_split_key_is_webdatasets_base_plus_ext(name):
+    from webdataset.tariterators import base_plus_ext
+
+    from betonbuild.wds import split_key
+
+    assert split_key(name) == tuple(base_plus_ext(name))
+
+
+def test_the_shard_list_and_the_manifest_do_not_import_webdataset_or_torch(photo_shards):
+    """webdataset imports torch (about 1.2 s per job): the jobs that only count do without it."""
+    script = ("import sys, json\n"
+              "from betonbuild.spec import load_config\n"
+              "from betonbuild.stages import make_shard_list, make_source_manifest\n"
+              f"spec = load_config({{'datasets': {{'d': {json.dumps(photo_dataset('s/p-{0..2}.tar'))}}}}}).datasets['d']\n"
+              "make_shard_list(spec, 'r/shards.json')\n"
+              "make_source_manifest(spec, 'r/source.json')\n"
+              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('webdataset', 'torch'))))\n")
+    Path("r").mkdir()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == []
+    assert json.loads(Path("r/source.json").read_text())["length"] == 20
+
+
 def test_count_shard_counts_samples_and_keys_from_headers(photo_shards):
     from betonbuild.wds import count_shard
 
@@ -474,7 +500,8 @@ def test_tarfile_alone_reads_these_shards_without_an_error(tmp_path, how, member
     data, members = _photo_shard_bytes(tmp_path)
     path = tmp_path / "bad.tar"
     path.write_bytes(_damaged(data, members, how)[0])
-    assert _tarfile_members(path) == [(name, True) for name, _, _ in members[:members_read]]
+    assert [(name, regular) for name, regular, _ in _tarfile_members(path)] == [
+        (name, True) for name, _, _ in members[:members_read]]
 
 
 def test_count_shard_reads_compressed_shards_and_refuses_a_cut_one(tmp_path, monkeypatch):
