@@ -51,28 +51,49 @@ def header(beton: BetonFile) -> dict[str, Any]:
 
 def content_digest(beton: BetonFile, threads: int = 1) -> str:
     """The hex sha256 content digest of ``beton`` (see the module docstring)."""
-    digest = hashlib.sha256(PREFIX)
-    digest.update(json.dumps(header(beton), sort_keys=True, separators=(",", ":")).encode() + b"\n")
-    for leaf in _leaves(beton, 0, beton.num_samples, threads):
-        digest.update(leaf)
-    return digest.hexdigest()
+    return content_from_leaves(beton, _leaves(beton, 0, beton.num_samples, threads))
 
 
 def range_digest(beton: BetonFile, start: int, stop: int, threads: int = 1) -> str:
     """sha256 of the content of samples [start, stop), blocks counted from ``start``: a part file's
     ``range_digest(part, 0, n)`` equals the merged file's over the rows the part landed on."""
+    return range_from_leaves(_leaves(beton, start, stop, threads))
+
+
+def blocks(start: int, stop: int) -> list[tuple[int, int]]:
+    """The [a, b) sample blocks of a range, each hashed into one leaf (``leaf``)."""
+    return [(a, min(a + BLOCK, stop)) for a in range(start, stop, BLOCK)]
+
+
+def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
+    """The sha256 leaf of one block of ``blocks``: callers may hash the blocks on their own threads."""
+    return _leaf(beton, start, stop)
+
+
+def content_from_leaves(beton: BetonFile, leaves: list[bytes]) -> str:
+    """The content digest from the leaves of ``blocks(0, num_samples)``, in order."""
+    digest = hashlib.sha256(PREFIX)
+    digest.update(json.dumps(header(beton), sort_keys=True, separators=(",", ":")).encode() + b"\n")
+    for one in leaves:
+        digest.update(one)
+    return digest.hexdigest()
+
+
+def range_from_leaves(leaves: list[bytes]) -> str:
+    """The range digest from the leaves of ``blocks(start, stop)``, in order: the whole file's
+    (``range_digest(beton, 0, n)``) comes from the same leaves as its content digest."""
     digest = hashlib.sha256(RANGE_PREFIX)
-    for leaf in _leaves(beton, start, stop, threads):
-        digest.update(leaf)
+    for one in leaves:
+        digest.update(one)
     return digest.hexdigest()
 
 
 def _leaves(beton: BetonFile, start: int, stop: int, threads: int) -> list[bytes]:
-    blocks = [(a, min(a + BLOCK, stop)) for a in range(start, stop, BLOCK)]
-    if threads > 1 and len(blocks) > 1:
+    spans = blocks(start, stop)
+    if threads > 1 and len(spans) > 1:
         with ThreadPoolExecutor(threads) as pool:
-            return list(pool.map(lambda b: _leaf(beton, *b), blocks))
-    return [_leaf(beton, *b) for b in blocks]
+            return list(pool.map(lambda b: _leaf(beton, *b), spans))
+    return [_leaf(beton, *b) for b in spans]
 
 
 def _leaf(beton: BetonFile, start: int, stop: int) -> bytes:

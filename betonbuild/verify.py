@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field as dc_field
 from functools import lru_cache
 from typing import Any, Callable
@@ -29,7 +29,7 @@ from .beton import (
     jpeg_dimensions,
     structural_checks,
 )
-from .digest import content_digest, range_digest
+from .digest import blocks, content_from_leaves, leaf, range_from_leaves
 from .errors import BetonbuildError, BetonFormatError
 from .fields import TYPE_IDS
 from .provenance import build_differences, ffcv_build
@@ -114,6 +114,7 @@ def verify_beton(
         "num_samples": {"expected": int(len(rows)), "found": None},
         "fields": [],
         "content_digest": None,
+        "range_digest": None,
         "checks": report.checks,
         "provenance": {"writer": writer_build, "reader": reader_build},
         "config": spec.to_dict(),
@@ -151,8 +152,9 @@ def _verify_file(spec: DatasetSpec, source, rows: np.ndarray, path: str, mode: s
     # Long single tasks first, so that the row chunks fill the threads around them. ffcv's Loader does
     # not bounds-check, so it only reads a file whose structure is sound.
     loader = pool.submit(_check_loader_batch, beton, spec) if structure_ok else None
-    digest = pool.submit(content_digest, beton)
-    part_digests = [pool.submit(range_digest, beton, p["start"], p["stop"]) for p in parts or []]
+    # The block hashes of the content digest (short tasks) before the row chunks.
+    leaves = _submit_leaves(pool, beton, 0, beton.num_samples)
+    part_leaves = [_submit_leaves(pool, beton, p["start"], p["stop"]) for p in parts or []]
     context = _Context.build(beton, spec, source, rows, mode, threads)
     try:
         tally = _run_content(context, pool)
@@ -165,9 +167,9 @@ def _verify_file(spec: DatasetSpec, source, rows: np.ndarray, path: str, mode: s
         report.run("variable_fields", lambda: _variable_result(context, tally, custom_fields=False))
     if tally is not None and any(f.type == "custom" for _, f in context.variable):
         report.run("custom_fields", lambda: _variable_result(context, tally, custom_fields=True))
-    report.run("content_digest", lambda: _digest_result(digest, result))
+    report.run("content_digest", lambda: _digest_result(beton, leaves, result))
     if parts:
-        report.run("parts", lambda: _parts_result(parts, part_digests, beton.num_samples))
+        report.run("parts", lambda: _parts_result(parts, part_leaves, beton.num_samples))
     if loader is None:
         report.check("loader_batch", False, "not run: the structural checks failed, and ffcv's Loader reads "
                                             "pointers without bounds checks (it could crash on this file)")
@@ -201,7 +203,8 @@ def _parts_result(parts: list[dict], futures: list, num_samples: int) -> tuple[b
     covered = [(p["start"], p["stop"]) for p in parts]
     contiguous = covered[0][0] == 0 and covered[-1][1] == num_samples and all(
         a[1] == b[0] for a, b in zip(covered, covered[1:]))
-    differing = [p["index"] for p, future in zip(parts, futures) if future.result() != p["range_digest"]]
+    differing = [p["index"] for p, leaves in zip(parts, futures)
+                 if range_from_leaves([f.result() for f in leaves]) != p["range_digest"]]
     if not contiguous:
         return False, f"the parts cover rows {covered}, not 0..{num_samples} in order", {}
     if differing:
@@ -211,9 +214,18 @@ def _parts_result(parts: list[dict], futures: list, num_samples: int) -> tuple[b
                   "which was verified in full against its source"), {"parts": len(parts)}
 
 
-def _digest_result(future, result: dict) -> tuple[bool, str]:
-    digest = future.result()
+def _submit_leaves(pool: ThreadPoolExecutor, beton: BetonFile, start: int, stop: int) -> list[Future]:
+    """The digest leaves of samples [start, stop), one pool task per block (betonbuild.digest)."""
+    return [pool.submit(leaf, beton, a, b) for a, b in blocks(start, stop)]
+
+
+def _digest_result(beton: BetonFile, futures: list[Future], result: dict) -> tuple[bool, str]:
+    """The content digest, and from the same leaves the whole file's range digest: what a part's
+    report records (``range_digest(part, 0, n)``), so that nothing hashes the file a second time."""
+    leaves = [f.result() for f in futures]
+    digest = content_from_leaves(beton, leaves)
     result["content_digest"] = digest
+    result["range_digest"] = range_from_leaves(leaves)
     return True, f"sha256 {digest} over the samples' content (independent of page layout and worker count)"
 
 

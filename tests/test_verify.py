@@ -12,7 +12,7 @@ import pytest
 
 from betonbuild.beton import BetonFile, page_usage
 from betonbuild.custom import FixedUTF8Field
-from betonbuild.digest import content_digest
+from betonbuild.digest import content_digest, range_digest
 from betonbuild.errors import ConfigError, SampleError
 from betonbuild.provenance import ffcv_build
 from betonbuild.samples import check_sample
@@ -138,6 +138,7 @@ def test_full_report_of_every_field_kind_passes_with_its_statistics(project: Pat
         "format_version", "num_samples", "fields", "allocations", "fixed_fields", "variable_fields",
         "custom_fields", "content_digest", "loader_batch", "same_ffcv_build"]
     assert report["content_digest"] == content_digest(BetonFile(project / "m.beton", {"title": FixedUTF8Field}))
+    assert report["range_digest"] == range_digest(BetonFile(project / "m.beton", {"title": FixedUTF8Field}), 0, 40)
     structure = {c["name"] for c in check(report, "allocations")["structure"]}
     assert {"data_region_aligned", "allocations_in_one_page", "no_overlap", "samples_on_one_page",
             "metadata_pointers", "no_empty_allocations"} <= structure
@@ -334,3 +335,29 @@ def test_jpeg_source_files_are_decoded_by_libjpeg_turbo_exactly_as_pil_decodes_t
     image = check(report, "variable_fields")["fields"]["image"]
     assert image["source_decoded_fast"] == image["compared"] == 9
     assert image["raw"] == 3 and image["jpeg"] == 6  # 48x64x3 = 9216 bytes <= 9300: raw, exact; the others JPEG
+
+
+def test_the_whole_file_range_digest_comes_from_the_content_digest_leaves(tmp_path: Path, monkeypatch):
+    # 2,500 samples: three digest blocks, the last one short; each block is hashed once, for both digests.
+    import betonbuild.verify as verify
+
+    columns = {"a": np.arange(2500, dtype=np.int64), "b": np.linspace(0, 1, 2500)}
+    for name, values in columns.items():
+        np.save(tmp_path / f"{name}.npy", values)
+    monkeypatch.chdir(tmp_path)
+    spec = load_config({"datasets": {"d": {"source": {"kind": "arrays", "columns": {"a": "a.npy", "b": "b.npy"}},
+                                           "fields": {"a": {"type": "int"}, "b": {"type": "float"}}}}}).datasets["d"]
+    source = open_source(spec)
+    rows = np.arange(len(source))
+    with open(os.devnull, "w") as quiet:
+        write_beton(spec, source, rows, tmp_path / "d.beton", 1, log=quiet)
+    hashed = []
+    real_leaf = verify.leaf
+    monkeypatch.setattr(verify, "leaf", lambda beton, a, b: hashed.append((a, b)) or real_leaf(beton, a, b))
+    report = verify_beton(spec, source, rows, str(tmp_path / "d.beton"), ffcv_build(), threads=2)
+    assert report["ok"], report["worst"]
+    beton = BetonFile(tmp_path / "d.beton")
+    assert report["content_digest"] == content_digest(beton)
+    assert report["range_digest"] == range_digest(beton, 0, 2500) == range_digest(beton, 0, 2500, threads=3)
+    assert sorted(hashed) == [(0, 1024), (1024, 2048), (2048, 2500)]
+
