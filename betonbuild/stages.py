@@ -19,7 +19,7 @@ from .atomic import write_json
 from .errors import MergeError, SampleError, SourceError, VerificationError
 from .failure import clear_failure, save_failure
 from .custom import handlers
-from .partitions import plan_partitions, rows_digest, whole_order
+from .partitions import partition_bounds, parts_digest, plan_partitions, rows_digest, whole_order
 from .preflight import inspect_samples, largest_rows
 from .provenance import ffcv_build
 from .sources import open_source, source_fingerprint
@@ -37,14 +37,22 @@ def make_shard_list(spec: DatasetSpec, shard_list_path: str) -> dict[str, Any]:
     return listing
 
 
-def make_source_manifest(spec: DatasetSpec, manifest_path: str, plan_parts: bool = True) -> dict[str, Any]:
+def make_source_manifest(spec: DatasetSpec, manifest_path: str, plan_parts: bool = True,
+                         log=sys.stderr) -> dict[str, Any]:
     """results/{ds}/source.json: length, final sample order and a fingerprint of the inputs.
 
     ``plan_parts=False`` (the CLI, which writes one file) plans the whole order as one part rather
     than fingerprinting each partition's source content."""
+    started = time.monotonic()
     source = open_source(spec, Path(manifest_path).parent)
     order = resolve_indices(spec.writer, len(source), spec.name)
-    inputs = source_fingerprint(spec, source)
+    # A partitioned arrays source is read once, for its parts' row digests, which then make up its
+    # fingerprint (hashing the files as well would read every byte twice)
+    by_parts = plan_parts and spec.source["kind"] == "arrays" and len(partition_bounds(spec, len(order))) > 1
+    inputs = source_fingerprint(spec, source, read_files=not by_parts)
+    parts = plan_partitions(spec, source, order, inputs) if plan_parts else [whole_order(order, inputs)]
+    if by_parts:
+        inputs["sha256"] = parts_digest(parts)
     manifest = {
         "dataset": spec.name,
         "kind": spec.source["kind"],
@@ -53,9 +61,12 @@ def make_source_manifest(spec: DatasetSpec, manifest_path: str, plan_parts: bool
         "order_sha256": rows_digest(order),
         "inputs": {k: v for k, v in inputs.items() if k != "file_sha256"},  # per file: too long to keep
         "source": spec.source,
-        "partitions": plan_partitions(spec, source, order, inputs) if plan_parts else [whole_order(order, inputs)],
+        "partitions": parts,
     }
     write_json(manifest_path, manifest)
+    print(f"{spec.name}: {manifest['num_samples']} samples; {inputs['files']} input files ({inputs['bytes'] / 2**20:,.1f} "
+          f"MiB) fingerprinted, {len(manifest['partitions'])} part(s) planned in {time.monotonic() - started:.2f} s",
+          file=log, flush=True)
     return manifest
 
 
@@ -129,7 +140,7 @@ def build(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: s
 
 
 def merge_parts(spec: DatasetSpec, manifest_path: str, part_paths: list[str], part_records: list[str],
-                beton_path: str, record_path: str) -> dict[str, Any]:
+                beton_path: str, record_path: str, log=sys.stderr) -> dict[str, Any]:
     """Joins the part files in order into the dataset's .beton (``betonbuild.merge``).
 
     Every part must have been written for the partition the manifest now plans (same rows, same
@@ -175,6 +186,8 @@ def merge_parts(spec: DatasetSpec, manifest_path: str, part_paths: list[str], pa
         raise MergeError(f"dataset '{spec.name}': the sample order differs from the one recorded in {manifest_path}")
     write_json(record_path, record)
     clear_failure(Path(beton_path).parent / "failure")
+    print(f"{spec.name}: merged {merged['num_parts']} parts, {merged['num_samples']} samples, "
+          f"{merged['size'] / 2**20:,.1f} MiB ({merged['method']}) in {merged['seconds']:.2f} s", file=log, flush=True)
     return record
 
 
