@@ -24,7 +24,7 @@ from .preflight import inspect_samples, largest_rows
 from .provenance import ffcv_build
 from .sources import open_source, source_fingerprint
 from .spec import DatasetSpec, resolve_indices, smoke_positions
-from .verify import verify_beton
+from .verify import LoaderProcess, start_loader_process, verify_beton
 from .write import resolve_workers, write_beton
 
 
@@ -193,25 +193,33 @@ def merge_parts(spec: DatasetSpec, manifest_path: str, part_paths: list[str], pa
 
 def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: str, report_path: str,
            failed_report_path: str, smoke: bool = False, threads: int | None = None, part: int | None = None,
-           part_reports: list[str] | None = None) -> dict[str, Any]:
+           part_reports: list[str] | None = None, loader: LoaderProcess | None = None) -> dict[str, Any]:
     """Writes the verification report at ``report_path`` if every check passes.
 
     Otherwise the report is kept at ``failed_report_path`` (Snakemake deletes a failed job's outputs)
     and a VerificationError names the worst finding. ``threads`` (the job's) compare rows in parallel.
     A part (``part``) is verified in full; a merged file, given its parts' reports, is proven to hold
-    exactly their content, so that a rebuild of one part re-decodes that part alone.
+    exactly their content, so that a rebuild of one part re-decodes that part alone. ``loader``: a
+    ``verify.start_loader_process(spec)`` the caller started earlier (else it starts here); it
+    imports ffcv in its own process meanwhile, for the Loader batch.
     """
-    source = open_source(spec, Path(manifest_path).parent)
-    rows = rows_to_write(spec, source, manifest_path, smoke, part)
-    with open(record_path) as fh:
-        record = json.load(fh)
-    if record.get("rows_sha256") != rows_digest(rows):
-        raise VerificationError(f"{record_path} was written for other rows than the manifest now gives")
-    with open(manifest_path) as fh:
-        manifest = json.load(fh)
-    parts = _verified_parts(spec, manifest, part_reports) if part_reports else None
-    report = verify_beton(spec, source, rows, beton_path, record.get("provenance"),
-                          every_variable_sample=smoke or part is not None, threads=threads or 1, parts=parts)
+    loader = loader or start_loader_process(spec)  # it imports ffcv while the source is opened
+    try:
+        source = open_source(spec, Path(manifest_path).parent)
+        rows = rows_to_write(spec, source, manifest_path, smoke, part)
+        with open(record_path) as fh:
+            record = json.load(fh)
+        if record.get("rows_sha256") != rows_digest(rows):
+            raise VerificationError(f"{record_path} was written for other rows than the manifest now gives")
+        with open(manifest_path) as fh:
+            manifest = json.load(fh)
+        parts = _verified_parts(spec, manifest, part_reports) if part_reports else None
+        report = verify_beton(spec, source, rows, beton_path, record.get("provenance"),
+                              every_variable_sample=smoke or part is not None, threads=threads or 1, parts=parts,
+                              loader=loader)
+    finally:
+        if loader is not None:
+            loader.close()
     report["stage"] = "smoke" if smoke else "full" if part is None else f"part {part}"
     report["write"] = {k: record.get(k) for k in ("num_workers", "page_size", "chunksize", "seconds")}
     whole_range = report.pop("range_digest")  # range_digest(file, 0, n), from the content digest's leaves

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field as dc_field
@@ -90,6 +93,7 @@ def verify_beton(
     every_variable_sample: bool = False,
     threads: int = 1,
     parts: list[dict] | None = None,
+    loader: "LoaderProcess | None" = None,
 ) -> dict[str, Any]:
     """``rows[i]`` is the source index that sample i of ``path`` must hold.
 
@@ -97,6 +101,8 @@ def verify_beton(
     ``parts`` (a merged file): ``{index, start, stop, range_digest}`` of part files that were each
     verified in full; the file must hold exactly their content at those rows (check ``parts``), and
     with ``mode: auto`` its own comparison with the source is then a seeded sample.
+    ``loader``: what ``start_loader_process(spec)`` returned, if the caller started it earlier (it
+    is then already importing ffcv); verify_beton starts one itself otherwise, and ends it either way.
     """
     started = time.monotonic()
     threads = max(1, int(threads or 1))
@@ -119,19 +125,23 @@ def verify_beton(
         "provenance": {"writer": writer_build, "reader": reader_build},
         "config": spec.to_dict(),
     }
+    loader = loader or start_loader_process(spec)
     with ThreadPoolExecutor(threads) as pool:
         file_hash = pool.submit(sha256_file, path)
         try:
-            _verify_file(spec, source, rows, path, mode, pool, threads, report, result, parts)
+            _verify_file(spec, source, rows, path, mode, pool, threads, report, result, parts, loader)
         finally:
             result["file"]["sha256"] = file_hash.result()
+            if loader is not None:
+                loader.close()
     _check_build(spec, writer_build, reader_build, report)
     result["seconds"] = round(time.monotonic() - started, 3)
     return _finish(result, report)
 
 
 def _verify_file(spec: DatasetSpec, source, rows: np.ndarray, path: str, mode: str, pool: ThreadPoolExecutor,
-                 threads: int, report: Report, result: dict, parts: list[dict] | None = None) -> None:
+                 threads: int, report: Report, result: dict, parts: list[dict] | None,
+                 child: "LoaderProcess | None") -> None:
     try:
         beton = BetonFile(path, custom_handlers=custom.handlers(spec))
     except BetonbuildError as exc:
@@ -148,11 +158,18 @@ def _verify_file(spec: DatasetSpec, source, rows: np.ndarray, path: str, mode: s
         return
     allow_empty = tuple(f.name for f in spec.fields if f.type == "bytes" and f.options.get("allow_empty"))
     structure_ok = report.run("allocations", lambda: _check_structure(beton, allow_empty))
-    _import_ffcv()
-    # Long single tasks first, so that the row chunks fill the threads around them. ffcv's Loader does
-    # not bounds-check, so it only reads a file whose structure is sound.
-    loader = pool.submit(_check_loader_batch, beton, spec) if structure_ok else None
-    # The block hashes of the content digest (short tasks) before the row chunks.
+    _load_decoders()
+    # ffcv's Loader does not bounds-check, so it only reads a file whose structure is sound.
+    # Importing ffcv (torch) and numba's compilation are ~2 s of one core that hold the GIL: in a
+    # thread they would starve the row threads, which need the GIL between decodes. When the rows
+    # need none of ffcv's modules, the child process (``start_loader_process``) runs the Loader
+    # batch meanwhile, and this one never imports ffcv.
+    if child is None:
+        _import_ffcv()  # here, before the pool runs: the comparisons or the Loader batch need ffcv's modules
+        loader = pool.submit(_check_loader_batch, beton, spec) if structure_ok else None
+    else:
+        loader = child.request(path, spec) if structure_ok else None
+    # The block hashes of the content digest first (short tasks), then the row chunks.
     leaves = _submit_leaves(pool, beton, 0, beton.num_samples)
     part_leaves = [_submit_leaves(pool, beton, p["start"], p["stop"]) for p in parts or []]
     context = _Context.build(beton, spec, source, rows, mode, threads)
@@ -449,6 +466,8 @@ def _mismatching_rows(found: np.ndarray, expected: np.ndarray) -> np.ndarray:
 
 def expected_image(field, image: np.ndarray) -> np.ndarray:
     """What ffcv stores for a source image: resized (INTER_AREA, never upscaled) to max_resolution."""
+    if field.options["max_resolution"] is None:
+        return image  # what ffcv's resizer returns then (and it needs no import of ffcv)
     from ffcv.fields.rgb_image import resizer
 
     return resizer(image, field.options["max_resolution"])
@@ -501,11 +520,14 @@ class _StoredImages:
         meta = beton.metadata[name][start:stop]
         self.mode, self.width, self.height, self.ptr = (meta[k].tolist() for k in ("mode", "width", "height", "data_ptr"))
         self.size = beton.image_sizes(name, np.arange(start, stop)).tolist()
+        self.out = np.empty((0, 0, 3), dtype=np.uint8)  # reused: decode overwrites what it last returned
 
     def is_raw(self, row: int) -> bool:
         return self.mode[row - self.start] == IMAGE_MODE_RAW
 
     def decode(self, row: int) -> np.ndarray:
+        """The image of ``row``; a JPEG is decoded into this chunk's one output array (a fresh
+        196 KiB array per image costs page faults), so the result is valid until the next call."""
         k = row - self.start
         size, mode, width, height = self.size[k], self.mode[k], self.width[k], self.height[k]
         if size < 0:
@@ -513,20 +535,31 @@ class _StoredImages:
         payload = self.beton.read(self.ptr[k], size)
         if mode == IMAGE_MODE_RAW:
             return np.asarray(payload).reshape(height, width, 3)
-        if width * height > MAX_DECODED_PIXELS or jpeg_dimensions(payload) != (width, height):
+        if width * height > MAX_DECODED_PIXELS or _jpeg_dimensions(payload) != (width, height):
             return decode_image(self.beton, self.name, row)
-        out = np.empty((height, width, 3), dtype=np.uint8)
+        if self.out.shape != (height, width, 3):
+            self.out = np.empty((height, width, 3), dtype=np.uint8)
+        out = self.out
         if _ffcv_imdecode(payload, out, height, width) != 0:
             return decode_image(self.beton, self.name, row)
         return out
 
 
+def _jpeg_dimensions(payload: np.ndarray) -> tuple[int, int] | None:
+    """``beton.jpeg_dimensions``, parsing the first 4 KiB (where the SOF marker is) before it copies
+    the whole payload: the parse is sequential, so a header found in the prefix is the same."""
+    return jpeg_dimensions(payload[:4096]) or (jpeg_dimensions(payload) if payload.size > 4096 else None)
+
+
 def _ffcv_imdecode(payload: np.ndarray, out: np.ndarray, height: int, width: int) -> int:
-    try:
-        from ffcv.libffcv import imdecode
-    except ImportError:
+    """``ffcv.libffcv.imdecode(payload, out, height, width, height, width, 0, 0, 1, 1, False, False)``:
+    the same C function of ffcv's compiled library, with the same arguments (no crop, no flip: one
+    tjDecompress2 with TJFLAG_FASTDCT), called without importing the ffcv package."""
+    lib = _libffcv()
+    if lib is None:
         return -1
-    return imdecode(payload, out, height, width, height, width, 0, 0, 1, 1, False, False)
+    return lib.imdecode(payload.ctypes.data, payload.size, height, width, out.ctypes.data, height, width, 0, 0, 1, 1,
+                        False, False)
 
 
 def _compare_image(ctx: _Context, images: _StoredImages, row: int, expected: np.ndarray, stats: dict) -> str | None:
@@ -550,6 +583,24 @@ def _compare_image(ctx: _Context, images: _StoredImages, row: int, expected: np.
     return None
 
 
+def _content_without_ffcv(spec: DatasetSpec) -> bool:
+    """Whether comparing the rows needs neither ffcv's nor torch's modules, so that the Loader batch
+    can run in a child process (``start_loader_process``) and this one import neither. Custom field
+    classes are ffcv Fields, torch_tensor values need torch, ``max_resolution`` needs ffcv's resizer;
+    the sources other than image folders and arrays may import anything."""
+    if spec.source.get("kind") not in ("image_folder", "arrays"):
+        return False
+    return not any(f.type in ("custom", "torch_tensor") or (f.type == "rgb_image" and f.options["max_resolution"] is not None)
+                   for f in spec.fields)
+
+
+def _load_decoders() -> None:
+    """The decoders' libraries, loaded once by the main thread before the pool uses them."""
+    _libffcv()
+    _turbojpeg()
+    _cv2_rgb_flag()
+
+
 def _import_ffcv() -> None:
     """ffcv's modules import each other in cycles: importing them from two threads at once fails
     ("partially initialized module"), so the main thread imports all of them before the pool starts."""
@@ -562,9 +613,6 @@ def _import_ffcv() -> None:
     import ffcv.libffcv  # noqa: F401
     import ffcv.loader  # noqa: F401
 
-    _turbojpeg()
-    _cv2_rgb_flag()
-
 
 class _TurboJPEG:
     """libjpeg-turbo's default decode (integer IDCT, fancy upsampling: what PIL and cv2 do), via the
@@ -575,8 +623,10 @@ class _TurboJPEG:
     def __init__(self):
         self.lib = _turbojpeg()
         self.handle = self.lib.tjInitDecompress() if self.lib is not None else None
+        self.out: np.ndarray | None = None
 
-    def decode_rgb(self, data: np.ndarray) -> np.ndarray | None:
+    def decode_rgb(self, data: np.ndarray, reuse: bool = False) -> np.ndarray | None:
+        """The RGB pixels; with ``reuse``, in this decoder's one output array (valid until the next call)."""
         import ctypes
 
         if not self.handle:
@@ -587,7 +637,10 @@ class _TurboJPEG:
             return None
         if colorspace.value not in (0, 1, 2) or not 0 < width.value * height.value <= MAX_DECODED_PIXELS:
             return None  # CMYK / YCCK: the writer's path decides
-        out = np.empty((height.value, width.value, 3), dtype=np.uint8)
+        shape = (height.value, width.value, 3)
+        out = self.out if reuse and self.out is not None and self.out.shape == shape else np.empty(shape, np.uint8)
+        if reuse:
+            self.out = out
         if self.lib.tjDecompress2(self.handle, data.ctypes.data, data.size, out.ctypes.data, width.value, 0,
                                   height.value, 0, 0):  # pixel format 0 = RGB, flags 0 = the library defaults
             return None
@@ -600,14 +653,37 @@ class _TurboJPEG:
 
 
 @lru_cache(maxsize=1)
+def _libffcv():
+    """ffcv's compiled extension through ctypes, as ``ffcv.libffcv`` loads it (``CDLL(_libffcv.__file__)``),
+    found without importing the ffcv package (which imports torch: ~1 s of one core); None if absent."""
+    import ctypes
+    import glob
+    import importlib.util
+
+    found = importlib.util.find_spec("ffcv")
+    if found is None or not found.submodule_search_locations:
+        return None
+    paths = sorted(glob.glob(os.path.join(list(found.submodule_search_locations)[0], "_libffcv*.so")))
+    try:
+        lib = ctypes.CDLL(paths[0])
+    except (IndexError, OSError):
+        return None
+    c = ctypes
+    lib.imdecode.argtypes = [c.c_void_p, c.c_uint64, c.c_uint32, c.c_uint32, c.c_void_p, c.c_uint32, c.c_uint32,
+                             c.c_uint32, c.c_uint32, c.c_uint32, c.c_uint32, c.c_bool, c.c_bool]  # as ffcv.libffcv
+    lib.imdecode.restype = c.c_int
+    return lib
+
+
+@lru_cache(maxsize=1)
 def _turbojpeg():
     import ctypes
 
+    if _libffcv() is None:  # loading it loads the libturbojpeg that _libffcv links against
+        return None
     try:
-        import ffcv.libffcv  # noqa: F401 - loads the libturbojpeg that _libffcv links against
-
         lib = ctypes.CDLL("libturbojpeg.so.0")
-    except (ImportError, OSError):
+    except OSError:
         return None
     lib.tjInitDecompress.restype = ctypes.c_void_p
     lib.tjDestroy.argtypes = [ctypes.c_void_p]
@@ -641,7 +717,7 @@ def _fast_image_rows(ctx: _Context, pos: int, index: int, tally: _Tally) -> bool
     try:
         with open(os.path.join(ctx.source.root, rel), "rb") as fh:
             data = np.frombuffer(fh.read(), dtype=np.uint8)
-        rgb = tally.jpeg.decode_rgb(data) if data[:2].tobytes() == b"\xff\xd8" else None
+        rgb = tally.jpeg.decode_rgb(data, reuse=True) if data[:2].tobytes() == b"\xff\xd8" else None
         if rgb is None and data.size:
             rgb = cv2.imdecode(data, _cv2_rgb_flag() | cv2.IMREAD_IGNORE_ORIENTATION)
             if rgb is not None and rgb.ndim == 3 and _cv2_rgb_flag() == cv2.IMREAD_COLOR:
@@ -746,6 +822,91 @@ def _variable_result(ctx: _Context, tally: _Tally, custom_fields: bool) -> tuple
 
 
 # --- through the real ffcv.Loader ------------------------------------------------------------------
+
+
+def start_loader_process(spec: DatasetSpec) -> "LoaderProcess | None":
+    """The child process that will run the Loader batch of ``spec``'s file, started now: it imports
+    ffcv meanwhile, then waits for ``request``. None where the comparisons need ffcv's modules
+    anyway (``_content_without_ffcv``: the batch then runs on a thread) or no process can start."""
+    return LoaderProcess.start() if _content_without_ffcv(spec) else None
+
+
+class LoaderProcess:
+    """``_check_loader_batch`` in a child process of the same Python, with this one's ``sys.path``
+    and working directory. ``request`` sends it the file (once the structural checks allow ffcv's
+    Loader to read it), ``result`` waits for its (ok, detail), ``close`` ends it if still running.
+    A crash of ffcv's Loader (it reads pointers unchecked) fails the check, not the whole report."""
+
+    def __init__(self, process: subprocess.Popen, stderr):
+        self.process, self.stderr, self.answer = process, stderr, None
+
+    @classmethod
+    def start(cls) -> "LoaderProcess | None":
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+        stderr = tempfile.TemporaryFile()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-c", "from betonbuild.verify import _loader_child; _loader_child()"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env)
+        except (OSError, ValueError):
+            stderr.close()
+            return None
+        return cls(process, stderr)
+
+    def request(self, path: str, spec: DatasetSpec) -> "LoaderProcess":
+        try:
+            with self.process.stdin:
+                self.process.stdin.write(json.dumps({"path": path, "spec": spec.to_dict()}).encode())
+        except BrokenPipeError:
+            pass  # it ended already: result() reports how
+        self.process.stdin = None  # closed: communicate() must not flush it
+        return self
+
+    def result(self) -> tuple[bool, str]:
+        if self.answer is None:
+            out, _ = self.process.communicate()
+            self.stderr.seek(0)
+            errors = self.stderr.read().decode(errors="replace").strip()
+            try:
+                answer = json.loads(out.decode().strip().splitlines()[-1])
+                self.answer = bool(answer["ok"]), str(answer["detail"])
+            except (ValueError, KeyError, TypeError, IndexError):
+                tail = errors.splitlines()[-1] if errors else "no error output"
+                self.answer = False, f"ffcv.Loader's process ended with exit code {self.process.returncode}: {tail}"
+        return self.answer
+
+    def close(self) -> None:
+        """Kills the child unless its answer was read (a report that ended before the Loader batch)."""
+        if self.answer is None and self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _loader_child() -> None:
+    """The child process of ``LoaderProcess``: imports ffcv at once, then reads {path, spec} on stdin
+    and prints {ok, detail} (nothing on stdin: it is not needed, and exits)."""
+    try:
+        _import_ffcv()
+        failure = None
+    except Exception as exc:  # noqa: BLE001 - reported as the check's failure below
+        failure = f"importing ffcv failed: {type(exc).__name__}: {exc}"
+    data = sys.stdin.read()
+    if not data:
+        os._exit(0)
+    try:
+        if failure:
+            raise RuntimeError(failure)
+        request = json.loads(data)
+        spec = DatasetSpec.from_dict(request["spec"])
+        ok, detail = _check_loader_batch(BetonFile(request["path"], custom_handlers=custom.handlers(spec)), spec)
+    except Exception as exc:  # noqa: BLE001 - as Report.run: a check that crashes is a failed check
+        ok, detail = False, failure or f"{type(exc).__name__}: {exc}"
+    sys.stdout.write("\n" + json.dumps({"ok": bool(ok), "detail": detail}) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # skips the interpreter's teardown of torch and numba (~0.1 s): nothing is left to do
 
 
 def _check_loader_batch(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str]:

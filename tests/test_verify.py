@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import textwrap
 import os
 from pathlib import Path
@@ -361,3 +362,113 @@ def test_the_whole_file_range_digest_comes_from_the_content_digest_leaves(tmp_pa
     assert report["range_digest"] == range_digest(beton, 0, 2500) == range_digest(beton, 0, 2500, threads=3)
     assert sorted(hashed) == [(0, 1024), (1024, 2048), (2048, 2500)]
 
+
+def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_as_jpeg_dimensions(tmp_path: Path,
+                                                                                          monkeypatch):
+    import io
+
+    from ffcv.libffcv import imdecode
+    from PIL import Image
+
+    from betonbuild.beton import jpeg_dimensions
+    from betonbuild.demo import colour_photos
+    from betonbuild.verify import _jpeg_dimensions, _StoredImages
+
+    photos = colour_photos()
+    for k, name in enumerate(["astronaut", "coffee"]):
+        (tmp_path / "jpegs" / name).mkdir(parents=True)
+        for j in range(4):  # two sizes per class: the reused output array must follow the size
+            crop = np.ascontiguousarray(photos[name][30 * j : 30 * j + 40 + 8 * (j % 2), 20 * j : 20 * j + 56])
+            Image.fromarray(crop).save(tmp_path / "jpegs" / name / f"{j}.jpg", quality=95)
+    monkeypatch.chdir(tmp_path)
+    report = write_and_verify_image_folder(tmp_path, "jpegs", {"type": "rgb_image", "write_mode": "jpg"}, workers=1)
+    assert report["ok"], report["worst"]
+    beton = BetonFile(tmp_path / "jpegs.beton")
+    images = _StoredImages(beton, "image", 0, beton.num_samples)
+    for row in range(beton.num_samples):
+        meta = beton.metadata["image"][row]
+        height, width = int(meta["height"]), int(meta["width"])
+        payload = beton.read(int(meta["data_ptr"]), images.size[row])
+        expected = np.zeros((height, width, 3), dtype=np.uint8)
+        assert imdecode(payload, expected, height, width, height, width, 0, 0, 1, 1, False, False) == 0
+        assert np.array_equal(images.decode(row), expected)
+        assert _jpeg_dimensions(payload) == jpeg_dimensions(payload) == (width, height)
+    # A header longer than the 4 KiB prefix (a big comment before the frame): the whole payload is parsed.
+    buffer = io.BytesIO()
+    Image.fromarray(photos["coffee"][:33, :47]).save(buffer, format="JPEG", comment=b"x" * 9000)
+    data = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
+    assert jpeg_dimensions(data[:4096]) is None
+    assert _jpeg_dimensions(data) == jpeg_dimensions(data) == (47, 33)
+    assert _jpeg_dimensions(data[:5000]) is None and _jpeg_dimensions(data[:100]) is None
+
+
+@pytest.mark.parametrize("fields, kind, ffcv_free", [
+    ({"image": {"type": "rgb_image"}, "label": {"type": "int"}}, "image_folder", True),
+    ({"image": {"type": "rgb_image", "max_resolution": 32}, "label": {"type": "int"}}, "image_folder", False),
+    ({"a": {"type": "int"}, "b": {"type": "bytes"}}, "arrays", True),
+    ({"t": {"type": "torch_tensor", "dtype": "float32", "shape": [2]}}, "arrays", False),
+    ({"t": {"type": "custom", "class": "betonbuild.custom:FixedUTF8Field", "args": {"width": 4}}}, "arrays", False),
+    ({"a": {"type": "int"}}, "python", False),
+])
+def test_the_loader_batch_runs_in_a_child_process_only_when_the_comparisons_need_nothing_of_ffcv(fields, kind,
+                                                                                                ffcv_free):
+    from betonbuild.verify import _content_without_ffcv, start_loader_process
+
+    source = {"image_folder": {"kind": "image_folder", "root": "photos"},
+              "arrays": {"kind": "arrays", "columns": {name: f"{name}.npy" for name in fields}},
+              "python": {"kind": "python", "factory": "m:make"}}[kind]
+    spec = load_config({"datasets": {"d": {"source": source, "fields": fields}}}).datasets["d"]
+    assert _content_without_ffcv(spec) is ffcv_free
+    loader = start_loader_process(spec)
+    assert (loader is not None) is ffcv_free
+    if loader is not None:  # never asked: closing it ends it
+        loader.close()
+        assert loader.process.returncode is not None
+
+
+def test_the_loader_process_reports_a_file_it_cannot_read_as_a_failed_check(tmp_path: Path):
+    from betonbuild.verify import start_loader_process
+
+    spec = load_config({"datasets": {"d": {"source": {"kind": "arrays", "columns": {"a": "a.npy"}},
+                                           "fields": {"a": {"type": "int"}}}}}).datasets["d"]
+    (tmp_path / "junk.beton").write_bytes(b"not a beton file")
+    loader = start_loader_process(spec)
+    ok, detail = loader.request(str(tmp_path / "junk.beton"), spec).result()
+    loader.close()
+    assert not ok and "junk.beton" in detail
+
+
+def test_verifying_an_image_folder_never_imports_ffcv_in_the_verifying_process(tmp_path: Path, monkeypatch):
+    """The rows are decoded through ffcv's compiled library alone; the Loader batch runs in a child."""
+    import subprocess
+    import sys
+
+    from conftest import make_photo_folder
+
+    make_photo_folder(tmp_path / "photos", per_class=3)
+    monkeypatch.chdir(tmp_path)
+    config = {"datasets": {"d": {"source": {"kind": "image_folder", "root": "photos"},
+                                 "fields": {"image": {"type": "rgb_image", "write_mode": "jpg"}, "label": {"type": "int"}},
+                                 "verify": {"mode": "full"}}}}
+    spec = load_config(config).datasets["d"]
+    script = textwrap.dedent(f"""
+        import json, sys
+        import numpy as np
+        from betonbuild.provenance import ffcv_build
+        from betonbuild.sources import open_source
+        from betonbuild.spec import DatasetSpec
+        from betonbuild.verify import verify_beton
+        spec = DatasetSpec.from_dict({spec.to_dict()!r})
+        source = open_source(spec)
+        report = verify_beton(spec, source, np.arange(len(source)), "d.beton", ffcv_build(), threads=2)
+        print(json.dumps({{"ok": report["ok"], "worst": report["worst"], "ffcv": [m for m in sys.modules if m.startswith(("ffcv", "torch"))],
+                          "loader": next(c for c in report["checks"] if c["name"] == "loader_batch")["detail"]}}))
+    """)
+    source = open_source(spec, tmp_path)
+    with open(os.devnull, "w") as quiet:
+        write_beton(spec, source, np.arange(len(source)), tmp_path / "d.beton", 1, log=quiet)
+    found = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True)
+    result = json.loads(found.stdout.strip().splitlines()[-1])
+    assert result["ok"], result["worst"]
+    assert result["ffcv"] == []
+    assert result["loader"] == "ffcv.Loader read 6 samples, equal to the file's decoded content"
