@@ -6,7 +6,8 @@ commands on ``cores`` workers/threads, and each computes the source manifest (sh
 - ``write``: ``betonbuild write``. It decodes each source image (PIL), checks it, and ffcv encodes it.
 - ``verify``: ``betonbuild verify --mode full``. It decodes every stored JPEG and every source image
   and compares them. It also runs the structural checks, the content digest, the sha256 of the file
-  and one ffcv.Loader batch.
+  and one ffcv.Loader batch (in a child process that imports ffcv and torch; the verifying process
+  itself imports neither).
 The verify of a round reads the file its write produced. Content check: the report is ok (exit 0),
 and its content digest equals the digest of the file.
 """
@@ -67,7 +68,8 @@ def run(ctx: Context) -> dict:
         "notes": [
             f"in-process: write call {median_of(rounds, 'write', 'in_process_seconds'):.2f} s, verify_beton "
             f"{median_of(rounds, 'verify', 'in_process_seconds'):.2f} s; the rest of each command is start-up, "
-            "imports and the source manifest (sha256 of every source file), the same on both sides",
+            "imports and the source manifest (sha256 of every source file). The write imports ffcv and torch "
+            "before its call; the verify's Loader batch imports them in a child process during verify_beton",
             f"JPEG mean absolute error against the source: {last['jpeg_mean_abs_error_mean']} on average, "
             f"{last['jpeg_mean_abs_error_max']} for the worst image",
         ],
