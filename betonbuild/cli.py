@@ -141,6 +141,7 @@ def _verify(args) -> int:
     """The workflow's report for one file: same checks, same JSON; exit 1 if a check fails."""
     from .errors import VerificationError
     from .stages import verify
+    from .verify import start_loader_process
 
     spec = _dataset(args.config, args.dataset)
     if args.mode:
@@ -149,16 +150,22 @@ def _verify(args) -> int:
         spec = DatasetSpec.from_dict({**spec.to_dict(), "verify": {**spec.verify, "mode": args.mode}})
     record = args.record or _write_record(args.file)
     threads = args.threads or len(os.sched_getaffinity(0))
-    with tempfile.TemporaryDirectory() as tmp:
-        manifest = _manifest(spec, tmp)
-        report_path, failed_path = os.path.join(tmp, "report.json"), os.path.join(tmp, "failed.json")
-        try:
-            verify(spec, manifest, args.file, record, report_path, failed_path, smoke=args.smoke, threads=threads)
-            failure = None
-        except VerificationError as exc:
-            report_path, failure = failed_path, exc
-        with open(report_path) as fh:
-            text = fh.read()
+    loader = start_loader_process(spec)  # imports ffcv in its own process while the manifest is made
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            manifest = _manifest(spec, tmp)
+            report_path, failed_path = os.path.join(tmp, "report.json"), os.path.join(tmp, "failed.json")
+            try:
+                verify(spec, manifest, args.file, record, report_path, failed_path, smoke=args.smoke,
+                       threads=threads, loader=loader)
+                failure = None
+            except VerificationError as exc:
+                report_path, failure = failed_path, exc
+            with open(report_path) as fh:
+                text = fh.read()
+    finally:
+        if loader is not None:
+            loader.close()
     if args.output:
         from .atomic import atomic_path
 

@@ -204,8 +204,10 @@ def _check_build(spec: DatasetSpec, writer_build: dict | None, reader_build: dic
         not diffs,
         "writer and reader use the same ffcv build"
         if not diffs
-        else "the file was written by another ffcv build (" + "; ".join(diffs) + "); rebuild it with "
-        f"`snakemake --forcerun write` for dataset '{spec.name}' (or the software-env trigger under --sdm conda)",
+        else "the file was written by another ffcv build (" + "; ".join(diffs) + "); rewrite the files with "
+        "`snakemake --forcerun smoke write write_part --cores 32 all` (only dataset "
+        f"'{spec.name}': its results/{spec.name}/smoke.verify.json and results/{spec.name}/{spec.name}.verify.json "
+        "as the targets; or the software-env trigger under --sdm conda)",
     )
 
 

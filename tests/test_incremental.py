@@ -196,19 +196,26 @@ def test_adding_a_dataset_builds_only_it_and_removing_it_reruns_nothing(project)
 
 
 def test_a_file_from_another_ffcv_build_fails_verification_with_how_to_rebuild(project):
-    record_path = project / "results/digits/digits.write.json"
-    record = json.loads(record_path.read_text())
-    record["provenance"]["libffcv_sha256"] = "0" * 64  # as if written by another build of ffcv
-    record_path.write_text(json.dumps(record))
+    for stage in ("smoke", "digits"):  # the smoke file and the full file, as if written by another build
+        record_path = project / f"results/digits/{stage}.write.json"
+        record = json.loads(record_path.read_text())
+        record["provenance"]["libffcv_sha256"] = "0" * 64
+        record_path.write_text(json.dumps(record))
     result = run_snakemake(project, "all", check=False)
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "written by another ffcv build" in output
     assert "libffcv_sha256: written by '0000" in output
-    assert "--forcerun" in output
-    rerun = run_snakemake(project, "--forcerun", "write", "all")
-    assert json.loads((project / "results/digits/digits.verify.json").read_text())["ok"] is True
-    assert "digits" in ran(rerun)
+    advice = "`snakemake --forcerun smoke write write_part --cores 32 all` (only dataset 'digits': its " \
+             "results/digits/smoke.verify.json and results/digits/digits.verify.json as the targets"
+    assert advice in output
+    # the advice for this dataset alone, as given (cores 2 here)
+    rerun = run_snakemake(project, "--forcerun", "smoke", "write", "write_part", "--cores", "2",
+                          "results/digits/smoke.verify.json", "results/digits/digits.verify.json")
+    assert ran(rerun) == {"digits": {"smoke", "verify_smoke", "write", "verify"}}
+    for stage in ("smoke", "digits"):
+        assert json.loads((project / f"results/digits/{stage}.verify.json").read_text())["ok"] is True
+    run_snakemake(project, "all")  # the report assets
 
 
 def snakemake_cmd(workdir: Path) -> list[str]:
