@@ -589,8 +589,9 @@ def _content_without_ffcv(spec: DatasetSpec) -> bool:
     """Whether comparing the rows needs neither ffcv's nor torch's modules, so that the Loader batch
     can run in a child process (``start_loader_process``) and this one import neither. Custom field
     classes are ffcv Fields, torch_tensor values need torch, ``max_resolution`` needs ffcv's resizer;
-    the sources other than image folders and arrays may import anything."""
-    if spec.source.get("kind") not in ("image_folder", "arrays"):
+    a ``python`` source may import anything. (Reading shards imports webdataset, and so torch, but
+    not ffcv: the Loader's import and numba compile still move to the other core.)"""
+    if spec.source.get("kind") not in ("image_folder", "arrays", "webdataset"):
         return False
     return not any(f.type in ("custom", "torch_tensor") or (f.type == "rgb_image" and f.options["max_resolution"] is not None)
                    for f in spec.fields)

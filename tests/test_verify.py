@@ -408,6 +408,7 @@ def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_as_jpeg
     ({"a": {"type": "int"}, "b": {"type": "bytes"}}, "arrays", True),
     ({"t": {"type": "torch_tensor", "dtype": "float32", "shape": [2]}}, "arrays", False),
     ({"t": {"type": "custom", "class": "betonbuild.custom:FixedUTF8Field", "args": {"width": 4}}}, "arrays", False),
+    ({"image": {"type": "rgb_image"}, "label": {"type": "int"}}, "webdataset", True),
     ({"a": {"type": "int"}}, "python", False),
 ])
 def test_the_loader_batch_runs_in_a_child_process_only_when_the_comparisons_need_nothing_of_ffcv(fields, kind,
@@ -416,7 +417,8 @@ def test_the_loader_batch_runs_in_a_child_process_only_when_the_comparisons_need
 
     source = {"image_folder": {"kind": "image_folder", "root": "photos"},
               "arrays": {"kind": "arrays", "columns": {name: f"{name}.npy" for name in fields}},
-              "python": {"kind": "python", "factory": "m:make"}}[kind]
+              "python": {"kind": "python", "factory": "m:make"},
+              "webdataset": {"kind": "webdataset", "shards": "s-{0..1}.tar"}}[kind]
     spec = load_config({"datasets": {"d": {"source": source, "fields": fields}}}).datasets["d"]
     assert _content_without_ffcv(spec) is ffcv_free
     loader = start_loader_process(spec)
