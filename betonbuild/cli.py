@@ -150,7 +150,7 @@ def _verify(args) -> int:
         spec = DatasetSpec.from_dict({**spec.to_dict(), "verify": {**spec.verify, "mode": args.mode}})
     record = args.record or _write_record(args.file)
     threads = args.threads or len(os.sched_getaffinity(0))
-    loader = start_loader_process(spec)  # imports ffcv in its own process while the manifest is made
+    loader = start_loader_process(spec, threads)  # imports ffcv in its own process while the manifest is made
     try:
         with tempfile.TemporaryDirectory() as tmp:
             manifest = _manifest(spec, tmp)

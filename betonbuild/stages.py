@@ -203,7 +203,7 @@ def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: 
     ``verify.start_loader_process(spec)`` the caller started earlier (else it starts here); it
     imports ffcv in its own process meanwhile, for the Loader batch.
     """
-    loader = loader or start_loader_process(spec)  # it imports ffcv while the source is opened
+    loader = loader or start_loader_process(spec, threads or 1)  # it imports ffcv while the source is opened
     try:
         source = open_source(spec, Path(manifest_path).parent)
         rows = rows_to_write(spec, source, manifest_path, smoke, part)

@@ -125,7 +125,7 @@ def verify_beton(
         "provenance": {"writer": writer_build, "reader": reader_build},
         "config": spec.to_dict(),
     }
-    loader = loader or start_loader_process(spec)
+    loader = loader or start_loader_process(spec, threads)
     with ThreadPoolExecutor(threads) as pool:
         file_hash = pool.submit(sha256_file, path)
         try:
@@ -827,11 +827,13 @@ def _variable_result(ctx: _Context, tally: _Tally, custom_fields: bool) -> tuple
 # --- through the real ffcv.Loader ------------------------------------------------------------------
 
 
-def start_loader_process(spec: DatasetSpec) -> "LoaderProcess | None":
+def start_loader_process(spec: DatasetSpec, threads: int = 2) -> "LoaderProcess | None":
     """The child process that will run the Loader batch of ``spec``'s file, started now: it imports
     ffcv meanwhile, then waits for ``request``. None where the comparisons need ffcv's modules
-    anyway (``_content_without_ffcv``: the batch then runs on a thread) or no process can start."""
-    return LoaderProcess.start() if _content_without_ffcv(spec) else None
+    anyway (``_content_without_ffcv``: the batch then runs on a thread), for a job of one thread
+    (a second process would use a core Snakemake did not give it: the parts' verifications run
+    side by side), or where no process can start."""
+    return LoaderProcess.start() if threads > 1 and _content_without_ffcv(spec) else None
 
 
 class LoaderProcess:

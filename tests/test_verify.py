@@ -421,6 +421,7 @@ def test_the_loader_batch_runs_in_a_child_process_only_when_the_comparisons_need
               "webdataset": {"kind": "webdataset", "shards": "s-{0..1}.tar"}}[kind]
     spec = load_config({"datasets": {"d": {"source": source, "fields": fields}}}).datasets["d"]
     assert _content_without_ffcv(spec) is ffcv_free
+    assert start_loader_process(spec, threads=1) is None  # a one-thread job keeps to its one core
     loader = start_loader_process(spec)
     assert (loader is not None) is ffcv_free
     if loader is not None:  # never asked: closing it ends it
