@@ -65,11 +65,6 @@ def blocks(start: int, stop: int) -> list[tuple[int, int]]:
     return [(a, min(a + BLOCK, stop)) for a in range(start, stop, BLOCK)]
 
 
-def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
-    """The sha256 leaf of one block of ``blocks``: callers may hash the blocks on their own threads."""
-    return _leaf(beton, start, stop)
-
-
 def content_from_leaves(beton: BetonFile, leaves: list[bytes]) -> str:
     """The content digest from the leaves of ``blocks(0, num_samples)``, in order."""
     digest = hashlib.sha256(PREFIX)
@@ -92,11 +87,12 @@ def _leaves(beton: BetonFile, start: int, stop: int, threads: int) -> list[bytes
     spans = blocks(start, stop)
     if threads > 1 and len(spans) > 1:
         with ThreadPoolExecutor(threads) as pool:
-            return list(pool.map(lambda b: _leaf(beton, *b), spans))
-    return [_leaf(beton, *b) for b in spans]
+            return list(pool.map(lambda b: leaf(beton, *b), spans))
+    return [leaf(beton, *b) for b in spans]
 
 
-def _leaf(beton: BetonFile, start: int, stop: int) -> bytes:
+def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
+    """The sha256 leaf of one block of ``blocks``: callers may hash the blocks on their own threads."""
     rows = np.arange(start, stop)
     columns = [_column(beton, info, rows) for info in beton.fields]
     digest = hashlib.sha256()

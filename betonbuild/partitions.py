@@ -136,14 +136,13 @@ def _rows_fingerprint(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:
     """The part's rows of every column, as bytes, read in blocks of at most 64 MiB. Rows in
     ascending runs (no shuffle) are hashed straight from the memory map, without a copy."""
     digest = hashlib.sha256()
-    contiguous = len(rows) > 0 and int(rows[-1]) - int(rows[0]) == len(rows) - 1 and bool(np.all(np.diff(rows) == 1))
+    first = int(rows[0]) if len(rows) else 0
+    contiguous = bool(np.array_equal(rows, np.arange(first, first + len(rows))))
     for column in source.columns:
         digest.update(f"{column.dtype.str}{column.shape[1:]}\n".encode())
         step = max(1, HASH_BLOCK_BYTES // max(1, column[:1].nbytes))
         for start in range(0, len(rows), step):
-            if contiguous:
-                block = column[int(rows[start]):int(rows[min(start + step, len(rows)) - 1]) + 1]
-            else:
-                block = column[rows[start:start + step]]
+            stop = min(start + step, len(rows))
+            block = column[first + start:first + stop] if contiguous else column[rows[start:stop]]
             digest.update(memoryview(np.ascontiguousarray(block)).cast("B"))
     return digest.hexdigest()

@@ -218,9 +218,10 @@ def source_fingerprint(spec: DatasetSpec, source, read_files: bool = True) -> di
         found = {"files": len(source.files), "bytes": sum(os.path.getsize(f) for f in source.files), "sha256": None}
     else:
         found = fingerprint_files(source.files)
-    combined = hashlib.sha256(f"{found['sha256']}\0{adapters['sha256']}".encode())
+    combined = None if found["sha256"] is None else \
+        hashlib.sha256(f"{found['sha256']}\0{adapters['sha256']}".encode()).hexdigest()
     return {**found, "files": found["files"] + adapters["files"], "bytes": found["bytes"] + adapters["bytes"],
-            "sha256": combined.hexdigest(), "adapters_sha256": adapters["sha256"]}
+            "sha256": combined, "adapters_sha256": adapters["sha256"]}
 
 
 def input_files(spec: DatasetSpec) -> list[str]:
