@@ -20,6 +20,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import blake3
 import numpy as np
 
 from .errors import ConfigError
@@ -134,8 +135,11 @@ HASH_BLOCK_BYTES = 64 << 20
 
 def _rows_fingerprint(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:
     """The part's rows of every column, as bytes, read in blocks of at most 64 MiB. Rows in
-    ascending runs (no shuffle) are hashed straight from the memory map, without a copy."""
-    digest = hashlib.sha256()
+    ascending runs (no shuffle) are hashed straight from the memory map, without a copy.
+
+    BLAKE3, not sha256: it hashes memory-mapped rows at about 7 GiB/s per core, sha256 at 1.5,
+    and this is the one digest of a clean partitioned build that reads every byte of the source."""
+    digest = blake3.blake3()
     first = int(rows[0]) if len(rows) else 0
     contiguous = bool(np.array_equal(rows, np.arange(first, first + len(rows))))
     for column in source.columns:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .atomic import atomic_path
-from .errors import SampleError, WriteError
+from .errors import SampleError, SourceError, WriteError
 from .fields import build_fields
 from .progress import Progress
 from .samples import check_sample
@@ -71,7 +71,7 @@ class CheckedDataset:
         self.current_index = index
         try:
             return self.source[index]
-        except SampleError:
+        except (SampleError, SourceError):  # a SourceError is about the whole source, not this sample
             raise
         except Exception as exc:
             raise SampleError(

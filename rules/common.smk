@@ -5,9 +5,10 @@ import re
 from snakemake.utils import validate
 
 from betonbuild.locks import clear_stale_locks, record_lock_owner
+from betonbuild.prompt_exit import cancel_idle_timers
 from betonbuild.provenance import installed_ffcv_build
 from betonbuild.sources import input_files
-from betonbuild.wds import expand_shards
+from betonbuild.wds import expand_shards, webdataset_installed
 from betonbuild.spec import SCHEMA_PATH, check_no_duplicate_keys, load_config
 
 # Our own checks first: they name the dataset and key (e.g. a field name longer than 16 bytes).
@@ -26,6 +27,15 @@ if workflow.is_main_process:
 
 onstart:
     record_lock_owner()
+
+
+# The scheduler's last wake-up timer would hold the finished run's exit back by up to a second.
+onsuccess:
+    cancel_idle_timers()
+
+
+onerror:
+    cancel_idle_timers()
 
 
 def names_pattern(names):
@@ -103,11 +113,7 @@ def source_inputs(wildcards):
 
 
 def is_webdataset_without_package(spec):
-    try:
-        import webdataset  # noqa: F401 - a broken install counts as missing
-    except ImportError:
-        return is_webdataset(spec)
-    return False
+    return is_webdataset(spec) and not webdataset_installed()
 
 
 def is_webdataset(spec):

@@ -39,7 +39,7 @@ import pytest
 from betonbuild.errors import ConfigError, SampleError, SourceError
 from betonbuild.spec import load_config
 from betonbuild.status import plan
-from conftest import BIN, make_digits_npz, run_snakemake, write_config
+from conftest import BIN, SNAKEFILE, make_digits_npz, run_snakemake, write_config
 
 wds = pytest.importorskip("webdataset")
 
@@ -1294,8 +1294,26 @@ def test_without_webdataset_and_braceexpand_other_datasets_still_build(tmp_path)
     assert result.returncode == 0, output[-3000:]
 
 
-def test_a_webdataset_that_fails_to_import_is_warned_about_at_dag_time(tmp_path):
+def test_a_webdataset_that_fails_to_import_fails_its_dataset_alone(tmp_path):
+    """Installed but broken. The workflow does not import webdataset to look (it imports torch: 1.3 s
+    at every start), so the dataset's first job that decodes a sample says what is wrong."""
     env = _without_webdataset_project(tmp_path, None, broken=True)
-    result = _snakemake_env(tmp_path, env, "-n", "all")
+    result = _snakemake_env(tmp_path, env, "all", "--keep-going")
     output = result.stdout + result.stderr
-    assert WARNING in output.split("Building DAG of jobs")[0], output[-3000:]
+    assert result.returncode != 0
+    assert ("betonbuild error: dataset 'shards': this dataset reads WebDataset shards, but the optional package "
+            "`webdataset` is installed and fails to import (webdataset is broken here") in output, output[-4000:]
+    assert json.loads((tmp_path / "results/digits/digits.verify.json").read_text())["ok"]
+    assert not (tmp_path / "results/shards/shards.beton").exists()
+
+
+def test_the_workflow_does_not_import_torch_to_build_its_dag(tmp_path):
+    """webdataset imports torch (1.3 s): checking that it is installed must not import it."""
+    _without_webdataset_project(tmp_path, None)
+    cmd = [PYTHON, "-X", "importtime", "-m", "snakemake", "-s", str(SNAKEFILE), "-d", str(tmp_path),
+           "--configfile", str(tmp_path / "config.yaml"), "--cores", "2", "-n", "all"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "snakemake.workflow" in imported
+    assert not imported & {"torch", "webdataset", "ffcv"}
