@@ -81,18 +81,32 @@ def plan_partitions(spec: DatasetSpec, source, order: np.ndarray, inputs: dict[s
     if len(bounds) == 1:
         return [whole_order(order, inputs)]
     content = {"webdataset": _shards_fingerprint, "image_folder": _files_fingerprint,
-               "arrays": _rows_fingerprint}.get(kind, lambda source, rows, inputs: "")
+               "arrays": _rows_fingerprint}.get(kind, _no_content)
 
     def fingerprint(rows: np.ndarray) -> str:
-        digest = hashlib.sha256(f"{inputs['adapters_sha256']}\0".encode())
-        digest.update(content(source, rows, inputs).encode())
-        return digest.hexdigest()
+        return _fingerprint(inputs, content(source, rows, inputs))
 
-    # hashlib releases the GIL on large buffers: array rows hash on all cores
+    # the hashes release the GIL on large buffers: array rows hash on all cores
     with ThreadPoolExecutor(min(len(bounds), os.cpu_count() or 1)) as pool:
         fingerprints = list(pool.map(fingerprint, [order[start:stop] for start, stop in bounds]))
     return [_entry(index, start, stop, order[start:stop], fp)
             for index, ((start, stop), fp) in enumerate(zip(bounds, fingerprints))]
+
+
+def plan_smoke(spec: DatasetSpec, source, rows: np.ndarray, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The smoke stage's samples (``rows``: the smoke samples and the largest ones its pre-flight
+    inspects) and a fingerprint of exactly their source content, like a part's: the smoke file and
+    its gate rerun when one of those samples (or the adapter code) changes, not for any change of
+    the source. A webdataset source is fingerprinted sample by sample here, since the smoke
+    samples are spread over the shards."""
+    content = {"webdataset": _samples_fingerprint, "image_folder": _files_fingerprint,
+               "arrays": _rows_fingerprint}.get(spec.source["kind"], _no_content)
+    return {"num_samples": int(len(rows)), "rows_sha256": rows_digest(rows),
+            "fingerprint": _fingerprint(inputs, content(source, rows, inputs))}
+
+
+def _fingerprint(inputs: dict[str, Any], content: str) -> str:
+    return hashlib.sha256(f"{inputs['adapters_sha256']}\0{content}".encode()).hexdigest()
 
 
 def whole_order(order: np.ndarray, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +125,16 @@ def parts_digest(parts: list[dict[str, Any]]) -> str:
 def _entry(index: int, start: int, stop: int, rows: np.ndarray, fingerprint: str) -> dict[str, Any]:
     return {"index": index, "start": int(start), "stop": int(stop), "num_samples": int(stop - start),
             "rows_sha256": rows_digest(rows), "fingerprint": fingerprint}
+
+
+def _no_content(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:
+    return ""  # a python factory's samples: only its code (the adapters digest) can be fingerprinted
+
+
+def _samples_fingerprint(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:
+    from .wds import samples_digest
+
+    return samples_digest(source, rows)
 
 
 def _shards_fingerprint(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:

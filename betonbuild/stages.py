@@ -19,7 +19,7 @@ from .atomic import write_json
 from .errors import MergeError, SampleError, SourceError, VerificationError
 from .failure import clear_failure, save_failure
 from .custom import handlers
-from .partitions import partition_bounds, parts_digest, plan_partitions, rows_digest, whole_order
+from .partitions import partition_bounds, parts_digest, plan_partitions, plan_smoke, rows_digest, whole_order
 from .preflight import inspect_samples, largest_rows
 from .provenance import ffcv_build
 from .sources import open_source, source_fingerprint
@@ -38,11 +38,13 @@ def make_shard_list(spec: DatasetSpec, shard_list_path: str) -> dict[str, Any]:
 
 
 def make_source_manifest(spec: DatasetSpec, manifest_path: str, plan_parts: bool = True,
-                         log=sys.stderr) -> dict[str, Any]:
+                         smoke_path: str | None = None, log=sys.stderr) -> dict[str, Any]:
     """results/{ds}/source.json: length, final sample order and a fingerprint of the inputs.
 
     ``plan_parts=False`` (the CLI, which writes one file) plans the whole order as one part rather
-    than fingerprinting each partition's source content."""
+    than fingerprinting each partition's source content. ``smoke_path`` (results/{ds}/smoke.json):
+    the smoke samples and a fingerprint of exactly their content, in a file of its own so that a
+    change of the smoke settings leaves source.json, and the stages that read it, as they were."""
     started = time.monotonic()
     source = open_source(spec, Path(manifest_path).parent)
     order = resolve_indices(spec.writer, len(source), spec.name)
@@ -64,10 +66,23 @@ def make_source_manifest(spec: DatasetSpec, manifest_path: str, plan_parts: bool
         "partitions": parts,
     }
     write_json(manifest_path, manifest)
+    if smoke_path:
+        write_json(smoke_path, plan_smoke(spec, source, np.unique(np.concatenate(smoke_rows(spec, source, order))),
+                                          inputs))
     print(f"{spec.name}: {manifest['num_samples']} samples; {inputs['files']} input files ({inputs['bytes'] / 2**20:,.1f} "
           f"MiB) fingerprinted, {len(manifest['partitions'])} part(s) planned in {time.monotonic() - started:.2f} s",
           file=log, flush=True)
     return manifest
+
+
+def smoke_samples(spec: DatasetSpec, order: np.ndarray) -> np.ndarray:
+    """Source indices of the smoke file's samples."""
+    return order[smoke_positions(len(order), spec.smoke_samples, spec.writer.seed)]
+
+
+def smoke_rows(spec: DatasetSpec, source, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Source indices of (the smoke samples, the largest samples its pre-flight also inspects)."""
+    return smoke_samples(spec, order), largest_rows(source, order)
 
 
 def shard_work_items(source, rows: np.ndarray) -> list | None:
@@ -94,7 +109,7 @@ def rows_to_write(spec: DatasetSpec, source, manifest_path: str, smoke: bool, pa
     if rows_digest(order) != manifest["order_sha256"]:
         raise SourceError(spec.name, f"the sample order differs from the one recorded in {manifest_path}")
     if smoke:
-        return order[smoke_positions(len(order), spec.smoke_samples, spec.writer.seed)]
+        return smoke_samples(spec, order)
     if part is not None:
         entry = manifest["partitions"][part]
         return order[entry["start"]:entry["stop"]]
@@ -119,7 +134,7 @@ def build(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: s
     try:
         if inspect_path:
             order = rows_to_write(spec, source, manifest_path, smoke=False)
-            write_json(inspect_path, inspect_samples(spec, source, np.concatenate([rows, largest_rows(source, order)])))
+            write_json(inspect_path, inspect_samples(spec, source, np.concatenate(smoke_rows(spec, source, order))))
         # The smoke file and the parts are written by one worker: byte-identical across runs
         # (a part's parallelism is the other parts' jobs), and the smoke file fails fastest.
         workers = 1 if smoke or part is not None else resolve_workers(spec.writer.num_workers, threads)
@@ -225,8 +240,11 @@ def verify(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: 
     whole_range = report.pop("range_digest")  # range_digest(file, 0, n), from the content digest's leaves
     if part is not None:
         report["part"] = {**manifest["partitions"][part], "range_digest": whole_range}
-    # What made the file: the source's fingerprint (the dataset's config is in report["config"]).
-    report["source"] = {k: manifest.get(k) for k in ("kind", "length", "num_samples", "order_sha256", "inputs")}
+    # What made the file: the source's fingerprint (the dataset's config is in report["config"]). The
+    # smoke file and a part are rebuilt only when their own samples change: not for every input.
+    whole_source = not smoke and part is None
+    report["source"] = {k: manifest.get(k) for k in ("kind", "length", "num_samples", "order_sha256", "inputs")
+                        if whole_source or k != "inputs"}
     if not report["ok"]:
         write_json(failed_report_path, report)
         raise VerificationError(

@@ -17,6 +17,7 @@ import bz2
 import functools
 import glob
 import gzip
+import hashlib
 import importlib.util
 import json
 import lzma
@@ -273,6 +274,56 @@ def _is_meta(name: str) -> bool:
     return ("/" not in name and name.startswith("__") and name.endswith("__")) or bool(META_MEMBER.match(name))
 
 
+def sample_members(fh: BinaryIO, file_size: int | None) -> Iterator[tuple[str, str, int, int]]:
+    """(sample key, extension, payload bytes, payload offset) of each member that belongs to a
+    sample, in order: regular files named the way webdataset splits them, its meta members skipped.
+    The offset is into the tar stream (the file itself when it is not compressed)."""
+    for name, regular, size in tar_members(fh, file_size):
+        if not regular or _is_meta(name):
+            continue
+        key, ext = split_key(name)
+        if key is not None:
+            yield key, ext, size, fh.tell() - _padded(size)
+
+
+def samples_digest(source: "WebDatasetSource", rows: np.ndarray) -> str:
+    """A digest of exactly these samples' members (names and bytes), read at their offsets in the
+    shards. A compressed shard (no offsets to read at) and every shard of a source with a pipeline
+    (which may combine samples) count as a whole, by their sha256."""
+    wanted: dict[int, set[int]] = {}
+    for row in rows.tolist():
+        shard, local = source.location(row)
+        wanted.setdefault(shard, set()).add(local)
+    digest = hashlib.sha256()
+    for shard in sorted(wanted):
+        entry = source.entries[shard]
+        digest.update(f"{entry['path']}\n".encode())
+        if source.spec.source.get("pipeline") or not _digest_samples(entry["path"], wanted[shard], digest):
+            digest.update(f"{entry['size']}\0{entry['sha256']}\n".encode())
+    return digest.hexdigest()
+
+
+def _digest_samples(path: str, positions: set[int], digest) -> bool:
+    """Adds the members of the samples at ``positions`` of an uncompressed shard to ``digest``;
+    False if the shard cannot be read that way."""
+    last, local, key_now = max(positions), -1, None
+    try:
+        with open_shard(path) as (fh, size):
+            if size is None:
+                return False
+            for key, ext, nbytes, offset in sample_members(fh, size):
+                if key != key_now:
+                    key_now, local = key, local + 1
+                    if local > last:
+                        break
+                if local in positions:
+                    digest.update(f"{local}\0{key}\0{ext}\0{nbytes}\n".encode())
+                    digest.update(os.pread(fh.fileno(), nbytes, offset))
+    except (OSError, TarDamage):
+        return False
+    return True
+
+
 def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
     """Samples and extensions of one shard, from its tar headers only, grouped into samples the way
     webdataset's group_by_keys groups them; checks the required keys and that no key repeats."""
@@ -296,12 +347,7 @@ def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
 
     try:
         with open_shard(path) as (fh, size):
-            for name, regular, member_bytes in tar_members(fh, size):
-                if not regular or _is_meta(name):
-                    continue
-                key, ext = split(name)
-                if key is None:
-                    continue
+            for key, ext, member_bytes, _ in sample_members(fh, size):
                 ext = ext.lower()
                 if key != current_key:
                     close_sample()

@@ -161,8 +161,9 @@ def verified_parts(wildcards):
 
 
 def ancient_manifest(wildcards):
-    """The manifest as a part's input, by content not date: a change elsewhere in the source
-    rewrites the manifest, but reruns a part only through its own `partition` parameter.
+    """The manifest as the input of a part or the smoke file, by content not date: a change
+    elsewhere in the source rewrites the manifest, but reruns them only through their own
+    `partition` or `samples` parameter.
     """
     return ancient(manifest(wildcards))
 
@@ -174,6 +175,15 @@ def partition_plan(wildcards):
     """
     with open(manifest(wildcards)) as fh:
         return json.load(fh)["partitions"][int(wildcards.part)]
+
+
+def smoke_plan(wildcards):
+    """The smoke samples and their source fingerprint (smoke.json, from the manifest job): a rule
+    parameter, so the smoke file and its gate rerun when exactly those samples change.
+    """
+    plan = checkpoints.source_manifest.get(ds=wildcards.ds).output.smoke
+    with open(plan) as fh:
+        return json.load(fh)
 
 
 def _spec_parts(wildcards, *parts):
@@ -188,8 +198,8 @@ def write_spec(wildcards):
 
 
 def manifest_spec(wildcards):
-    """The source manifest also plans the partitions."""
-    return _spec_parts(wildcards, "partitions", "samples_per_partition")
+    """The source manifest also plans the partitions and the smoke samples."""
+    return _spec_parts(wildcards, "partitions", "samples_per_partition", "smoke")
 
 
 def smoke_spec(wildcards):

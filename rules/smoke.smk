@@ -1,7 +1,11 @@
 rule smoke:
-    """The first k and k seeded-random samples, one worker: catches bad samples in seconds."""
+    """The first k and k seeded-random samples, one worker: catches bad samples in seconds.
+
+    Reruns when those samples (or the largest ones its pre-flight inspects) change: its `samples`
+    parameter, not the manifest's date, so an edit elsewhere in the source leaves it alone.
+    """
     input:
-        manifest=manifest,
+        manifest=ancient_manifest,
     output:
         beton=result("smoke.beton"),
         record=result("smoke.write.json"),
@@ -18,6 +22,7 @@ rule smoke:
         runtime=smoke_runtime,
     params:
         spec=smoke_spec,
+        samples=smoke_plan,
     script:
         "../scripts/write.py"
 
@@ -25,7 +30,7 @@ rule smoke:
 rule verify_smoke:
     """The gate: the full build starts only when the smoke file reads back equal to its source."""
     input:
-        manifest=manifest,
+        manifest=ancient_manifest,
         beton=result("smoke.beton"),
         record=result("smoke.write.json"),
     output:

@@ -33,6 +33,7 @@ checkpoint source_manifest:
         source_inputs,
     output:
         manifest=result("source.json"),
+        smoke=result("smoke.json"),
     log:
         log_path("source_manifest"),
     benchmark:

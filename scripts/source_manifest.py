@@ -4,4 +4,9 @@ sys.path.insert(0, snakemake.scriptdir + "/..")  # the conda route imports beton
 from betonbuild.rulescript import dataset_spec, run
 from betonbuild.stages import make_source_manifest
 
-run(snakemake, lambda: make_source_manifest(dataset_spec(snakemake), snakemake.output.manifest))
+run(
+    snakemake,
+    lambda: make_source_manifest(
+        dataset_spec(snakemake), snakemake.output.manifest, smoke_path=snakemake.output.smoke
+    ),
+)

@@ -123,8 +123,18 @@ def test_nothing_changed_runs_nothing(project):
 
 
 def test_changed_source_content_rebuilds_only_that_dataset(project):
+    """Row 7 is not a smoke sample (those are rows 0-3 and 4 seeded-random others): the smoke file
+    and its gate stay; row 0 is one, and they rerun too."""
+    from betonbuild.spec import smoke_positions
+
+    assert 7 not in smoke_positions(120, 4, 0) and 0 in smoke_positions(120, 4, 0)
+    smoke_before = (project / "results/digits/smoke.beton").stat().st_mtime_ns
     data = dict(np.load(project / "digits.npz"))
     data["images"][7, 0, 0] += 1
+    np.savez(project / "digits.npz", **data)
+    assert ran(run_snakemake(project, "all")) == {"digits": ALL_STAGES - {"smoke", "verify_smoke"}}
+    assert (project / "results/digits/smoke.beton").stat().st_mtime_ns == smoke_before
+    data["images"][0, 0, 0] += 1
     np.savez(project / "digits.npz", **data)
     assert ran(run_snakemake(project, "all")) == {"digits": ALL_STAGES}
 

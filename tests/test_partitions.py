@@ -351,37 +351,74 @@ def test_the_second_run_has_nothing_to_do(built):
     assert "Nothing to be done" in result.stdout + result.stderr
 
 
-def test_one_changed_row_rewrites_its_part_the_merge_and_the_verification_only(built):
+def smoke_inspected(workdir: Path, ds: str, monkeypatch) -> set[int]:
+    """Source indices of the samples the smoke stage reads: its own and the largest ones."""
+    from betonbuild.sources import open_source
+    from betonbuild.spec import load_config_file, resolve_indices
+    from betonbuild.stages import smoke_rows
+
+    monkeypatch.chdir(workdir)
+    spec = load_config_file(workdir / "config.yaml").datasets[ds]
+    source = open_source(spec, workdir / "results" / ds)
+    rows = smoke_rows(spec, source, resolve_indices(spec.writer, len(source), ds))
+    return {int(i) for i in np.concatenate(rows)}
+
+
+def rerun_only(ds: str, part: int, smoke: bool, shard_list: bool = False) -> set:
+    """The jobs a change of one sample of part ``part`` must run, and no other."""
+    jobs = {("source_manifest", ds, None), ("write_part", ds, part), ("verify_part", ds, part), ("merge", ds, None),
+            ("verify", ds, None), ("report_assets", ds, None)}
+    jobs |= {("smoke", ds, None), ("verify_smoke", ds, None)} if smoke else set()
+    return jobs | ({("shard_list", ds, None)} if shard_list else set())
+
+
+def test_one_changed_row_rewrites_its_part_the_merge_and_the_verification_only(built, monkeypatch):
+    """A row that is not a smoke sample: the smoke file and its gate are left alone too."""
     workdir, _ = built
     before = {i: sha256(workdir / f"results/digits/parts/{i}.beton") for i in range(4)}
+    smoke_before = sha256(workdir / "results/digits/smoke.beton")
+    order = np.random.default_rng(0).permutation(200)
+    inspected = smoke_inspected(workdir, "digits", monkeypatch)
+    position = next(p for p in range(60, 200) if int(order[p]) not in inspected)
     data = dict(np.load(workdir / "digits.npz"))
-    data["images"][0, 0, 0] ^= 1
+    data["images"][order[position], 0, 0] ^= 1
     np.savez(workdir / "digits.npz", **data)
-    position = int(np.flatnonzero(np.random.default_rng(0).permutation(200) == 0)[0])
     part = position // 50
     jobs = jobs_run(run_snakemake(workdir, "all"))
-    assert set(jobs) == {("source_manifest", "digits", None), ("smoke", "digits", None), ("verify_smoke", "digits", None),
-                         ("write_part", "digits", part), ("verify_part", "digits", part), ("merge", "digits", None),
-                         ("verify", "digits", None), ("report_assets", "digits", None)}
+    assert set(jobs) == rerun_only("digits", part, smoke=False)
     after = {i: sha256(workdir / f"results/digits/parts/{i}.beton") for i in range(4)}
     assert [i for i in range(4) if before[i] != after[i]] == [part]
+    assert sha256(workdir / "results/digits/smoke.beton") == smoke_before
     assert json.loads((workdir / "results/digits/digits.verify.json").read_text())["ok"]
 
 
-def test_one_changed_shard_rewrites_its_part_the_merge_and_the_verification_only(built):
+def test_a_changed_smoke_sample_also_rewrites_the_smoke_file_and_its_gate(built):
+    workdir, _ = built
+    order = np.random.default_rng(0).permutation(200)
+    data = dict(np.load(workdir / "digits.npz"))
+    data["images"][order[0], 0, 0] ^= 1  # the first sample of the order is always a smoke sample
+    np.savez(workdir / "digits.npz", **data)
+    jobs = jobs_run(run_snakemake(workdir, "all"))
+    assert set(jobs) == rerun_only("digits", 0, smoke=True)
+    smoke = json.loads((workdir / "results/digits/smoke.verify.json").read_text())
+    assert smoke["ok"] and "inputs" not in smoke["source"]
+
+
+def test_one_changed_shard_rewrites_its_part_the_merge_and_the_verification_only(built, monkeypatch):
+    """The label of one sample of shard 3 (part 1) that the smoke stage does not read."""
     workdir, _ = built
     shard = workdir / "shards/p-3.tar"
     import webdataset as wds
 
+    inspected = smoke_inspected(workdir, "shards", monkeypatch)
+    changed = next(k for k in range(5) if 15 + k not in inspected)  # shard 3 holds samples 15-19
     samples = list(wds.WebDataset(str(shard), shardshuffle=False, empty_check=False))
     with wds.TarWriter(str(shard)) as sink:
         for k, sample in enumerate(samples):
-            sink.write({"__key__": sample["__key__"], "jpg": sample["jpg"], "cls": str(int(sample["cls"]) + (k == 0))})
+            sink.write({"__key__": sample["__key__"], "jpg": sample["jpg"],
+                        "cls": str(int(sample["cls"]) + (k == changed))})
     jobs = jobs_run(run_snakemake(workdir, "all"))
-    assert set(jobs) == {("shard_list", "shards", None), ("source_manifest", "shards", None), ("smoke", "shards", None),
-                         ("verify_smoke", "shards", None), ("write_part", "shards", 1), ("verify_part", "shards", 1),
-                         ("merge", "shards", None),
-                         ("verify", "shards", None), ("report_assets", "shards", None)}
+    assert set(jobs) == rerun_only("shards", 1, smoke=False, shard_list=True)
     assert json.loads((workdir / "results/shards/shards.verify.json").read_text())["ok"]
 
 

@@ -317,6 +317,39 @@ def test_shard_list_of_a_missing_shard_names_it(photo_shards):
         shard_list(wds_spec("s/p-{0..3}.tar"), "cache.json")
 
 
+def test_the_smoke_fingerprint_covers_exactly_its_samples_bytes(photo_shards):
+    """samples_digest reads the chosen samples' members at their offsets: a change to another sample
+    of the same shard leaves it alone; a compressed shard (no offsets) counts as a whole."""
+    import gzip
+
+    from betonbuild.wds import WebDatasetSource, samples_digest, shard_list
+
+    spec = wds_spec("s/p-{0..2}.tar")
+
+    def digest(rows) -> str:
+        Path("shards.json").write_text(json.dumps(shard_list(spec, "cache.json")))
+        return samples_digest(WebDatasetSource(spec, "shards.json"), np.array(rows))
+
+    samples = photo_samples()
+    chosen = [0, 8, 9]  # shard 0's first sample, shard 1's second and third
+    first = digest(chosen)
+    assert digest([0, 8]) != first and digest(chosen) == first
+    samples[10]["cls"] = 99  # shard 1, not chosen
+    write_shard(photo_shards[1], samples[7:14])
+    assert digest(chosen) == first
+    samples[9]["json"] = {"photo": "changed"}  # a chosen sample's member
+    write_shard(photo_shards[1], samples[7:14])
+    changed = digest(chosen)
+    assert changed != first
+    zipped = Path("s/p-1.tar")
+    zipped.write_bytes(gzip.compress(zipped.read_bytes()))  # same name: webdataset sniffs the bytes
+    assert digest(chosen) != changed  # shard 1 now counts by its sha256
+    samples[10]["cls"] = 98
+    before = digest(chosen)
+    zipped.write_bytes(gzip.compress(write_shard(Path("plain.tar"), samples[7:14]).read_bytes()))
+    assert digest(chosen) != before  # any change of a compressed shard counts
+
+
 def test_indexed_source_reads_every_sample_in_shard_order(photo_shards):
     from betonbuild.wds import WebDatasetSource, shard_list
 
