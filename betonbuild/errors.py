@@ -13,6 +13,9 @@ class ConfigError(BetonbuildError):
         self.why = why
         super().__init__(f"{where}: {why}")
 
+    def __reduce__(self):
+        return (type(self), (self.where, self.why))
+
 
 class SourceError(BetonbuildError):
     """The dataset's source cannot be opened or read (missing file, factory import error...)."""
@@ -21,6 +24,9 @@ class SourceError(BetonbuildError):
         self.dataset = dataset
         self.why = why
         super().__init__(f"dataset '{dataset}': {why}")
+
+    def __reduce__(self):  # e.g. raised in a writer worker process
+        return (type(self), (self.dataset, self.why))
 
 
 class SampleError(BetonbuildError):

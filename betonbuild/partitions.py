@@ -80,8 +80,7 @@ def plan_partitions(spec: DatasetSpec, source, order: np.ndarray, inputs: dict[s
     bounds = partition_bounds(spec, len(order), counts)
     if len(bounds) == 1:
         return [whole_order(order, inputs)]
-    content = {"webdataset": _shards_fingerprint, "image_folder": _files_fingerprint,
-               "arrays": _rows_fingerprint}.get(kind, _no_content)
+    content = _content_function(kind, whole_shards=True)
 
     def fingerprint(rows: np.ndarray) -> str:
         return _fingerprint(inputs, content(source, rows, inputs))
@@ -99,10 +98,17 @@ def plan_smoke(spec: DatasetSpec, source, rows: np.ndarray, inputs: dict[str, An
     its gate rerun when one of those samples (or the adapter code) changes, not for any change of
     the source. A webdataset source is fingerprinted sample by sample here, since the smoke
     samples are spread over the shards."""
-    content = {"webdataset": _samples_fingerprint, "image_folder": _files_fingerprint,
-               "arrays": _rows_fingerprint}.get(spec.source["kind"], _no_content)
-    return {"num_samples": int(len(rows)), "rows_sha256": rows_digest(rows),
+    content = _content_function(spec.source["kind"], whole_shards=False)
+    return {"num_samples": int(len(rows)), "samples_sha256": rows_digest(rows),  # of the sorted source indices
             "fingerprint": _fingerprint(inputs, content(source, rows, inputs))}
+
+
+def _content_function(kind: str, whole_shards: bool):
+    """How the source content of some rows is fingerprinted. A part of a webdataset source is a
+    group of whole shards (their sha256s say it all); the smoke samples are read member by member."""
+    if kind == "webdataset":
+        return _shards_fingerprint if whole_shards else _samples_fingerprint
+    return {"image_folder": _files_fingerprint, "arrays": _rows_fingerprint}.get(kind, _no_content)
 
 
 def _fingerprint(inputs: dict[str, Any], content: str) -> str:

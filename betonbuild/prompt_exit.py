@@ -13,9 +13,13 @@ from __future__ import annotations
 import threading
 
 
+SCHEDULER_WAKE_UP = "_schedule_reevalutation"  # (sic) Snakemake 9's JobScheduler method that starts them
+
+
 def cancel_idle_timers() -> int:
-    """Cancels every pending ``threading.Timer`` of this process; returns how many there were."""
-    timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t.is_alive()]
+    """Cancels the scheduler's pending wake-up timers (none of anyone else's); returns how many."""
+    timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t.is_alive()
+              and SCHEDULER_WAKE_UP in getattr(getattr(t, "function", None), "__qualname__", "")]
     for timer in timers:
         timer.cancel()
     return len(timers)

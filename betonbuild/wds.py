@@ -297,20 +297,19 @@ def samples_digest(source: "WebDatasetSource", rows: np.ndarray) -> str:
     digest = hashlib.sha256()
     for shard in sorted(wanted):
         entry = source.entries[shard]
-        digest.update(f"{entry['path']}\n".encode())
-        if source.spec.source.get("pipeline") or not _digest_samples(entry["path"], wanted[shard], digest):
-            digest.update(f"{entry['size']}\0{entry['sha256']}\n".encode())
+        found = None if source.spec.source.get("pipeline") else _samples_digest(entry["path"], wanted[shard])
+        digest.update(f"{entry['path']}\0{found or ('shard ' + entry['sha256'])}\n".encode())
     return digest.hexdigest()
 
 
-def _digest_samples(path: str, positions: set[int], digest) -> bool:
-    """Adds the members of the samples at ``positions`` of an uncompressed shard to ``digest``;
-    False if the shard cannot be read that way."""
-    last, local, key_now = max(positions), -1, None
+def _samples_digest(path: str, positions: set[int]) -> str | None:
+    """A digest of the members of the samples at ``positions`` of an uncompressed shard; None if
+    the shard cannot be read that way."""
+    digest, last, local, key_now = hashlib.sha256(), max(positions), -1, None
     try:
         with open_shard(path) as (fh, size):
             if size is None:
-                return False
+                return None
             for key, ext, nbytes, offset in sample_members(fh, size):
                 if key != key_now:
                     key_now, local = key, local + 1
@@ -318,10 +317,17 @@ def _digest_samples(path: str, positions: set[int], digest) -> bool:
                         break
                 if local in positions:
                     digest.update(f"{local}\0{key}\0{ext}\0{nbytes}\n".encode())
-                    digest.update(os.pread(fh.fileno(), nbytes, offset))
+                    for start in range(offset, offset + nbytes, READ_CHUNK):
+                        data = os.pread(fh.fileno(), min(READ_CHUNK, offset + nbytes - start), start)
+                        if not data:
+                            return None  # cut since it was listed
+                        digest.update(data)
     except (OSError, TarDamage):
-        return False
-    return True
+        return None
+    return digest.hexdigest()
+
+
+READ_CHUNK = 8 << 20
 
 
 def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:

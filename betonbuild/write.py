@@ -160,7 +160,7 @@ def _worker_job(dataset: CheckedDataset, error_queue: Queue, input_queue, metada
 
 def _explain(dataset: CheckedDataset, fields: dict, exc: BaseException) -> BaseException:
     """Turns an exception raised inside ffcv's encode into one naming the dataset, field and index."""
-    if isinstance(exc, (SampleError, WriteError)):
+    if isinstance(exc, (SampleError, SourceError, WriteError)):
         return exc
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
         return disk_full_error(dataset.spec.name, exc)
@@ -185,7 +185,7 @@ def _picklable(error: BaseException) -> BaseException:
     try:
         import pickle
 
-        pickle.dumps(error)
+        pickle.loads(pickle.dumps(error))  # both ways: an exception can pickle but not unpickle
         return error
     except Exception:
         return WriteError(f"{type(error).__name__}: {error}")

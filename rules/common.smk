@@ -163,7 +163,7 @@ def verified_parts(wildcards):
 def ancient_manifest(wildcards):
     """The manifest as the input of a part or the smoke file, by content not date: a change
     elsewhere in the source rewrites the manifest, but reruns them only through their own
-    `partition` or `samples` parameter.
+    `partition` parameter or `smoke.json`.
     """
     return ancient(manifest(wildcards))
 
@@ -178,12 +178,11 @@ def partition_plan(wildcards):
 
 
 def smoke_plan(wildcards):
-    """The smoke samples and their source fingerprint (smoke.json, from the manifest job): a rule
-    parameter, so the smoke file and its gate rerun when exactly those samples change.
+    """results/{ds}/smoke.json: the smoke samples' source fingerprint, from the manifest job. An
+    ordinary input: rewritten with the same content, it is the same to Snakemake (a small file's
+    checksum is compared), so the smoke file reruns when exactly its samples change.
     """
-    plan = checkpoints.source_manifest.get(ds=wildcards.ds).output.smoke
-    with open(plan) as fh:
-        return json.load(fh)
+    return checkpoints.source_manifest.get(ds=wildcards.ds).output.smoke
 
 
 def _spec_parts(wildcards, *parts):

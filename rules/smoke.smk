@@ -1,11 +1,12 @@
 rule smoke:
     """The first k and k seeded-random samples, one worker: catches bad samples in seconds.
 
-    Reruns when those samples (or the largest ones its pre-flight inspects) change: its `samples`
-    parameter, not the manifest's date, so an edit elsewhere in the source leaves it alone.
+    Reruns when those samples (or the largest ones its pre-flight inspects) change: through
+    smoke.json, not the manifest's date, so an edit elsewhere in the source leaves it alone.
     """
     input:
         manifest=ancient_manifest,
+        samples=smoke_plan,
     output:
         beton=result("smoke.beton"),
         record=result("smoke.write.json"),
@@ -22,7 +23,6 @@ rule smoke:
         runtime=smoke_runtime,
     params:
         spec=smoke_spec,
-        samples=smoke_plan,
     script:
         "../scripts/write.py"
 

@@ -334,13 +334,21 @@ def test_the_smoke_fingerprint_covers_exactly_its_samples_bytes(photo_shards):
     chosen = [0, 8, 9]  # shard 0's first sample, shard 1's second and third
     first = digest(chosen)
     assert digest([0, 8]) != first and digest(chosen) == first
-    samples[10]["cls"] = 99  # shard 1, not chosen
+    samples[10]["cls"] = 99  # shard 1, after the chosen ones
+    samples[7]["json"] = {"photo": "a longer value that shifts every later member"}  # before them
     write_shard(photo_shards[1], samples[7:14])
     assert digest(chosen) == first
-    samples[9]["json"] = {"photo": "changed"}  # a chosen sample's member
+    image = "jpg" if "jpg" in samples[9] else "png"
+    flipped = bytearray(samples[9][image])
+    flipped[len(flipped) // 2] ^= 0xFF  # the same size: only the bytes read at its offset tell
+    samples[9][image] = bytes(flipped)
+    write_shard(photo_shards[1], samples[7:14])
+    flipped_digest = digest(chosen)
+    assert flipped_digest != first
+    samples[9]["json"] = {"photo": "changed"}  # another member of a chosen sample
     write_shard(photo_shards[1], samples[7:14])
     changed = digest(chosen)
-    assert changed != first
+    assert changed != flipped_digest
     zipped = Path("s/p-1.tar")
     zipped.write_bytes(gzip.compress(zipped.read_bytes()))  # same name: webdataset sniffs the bytes
     assert digest(chosen) != changed  # shard 1 now counts by its sha256

@@ -63,3 +63,15 @@ def test_a_failing_worker_with_a_full_work_queue_ends_the_write_promptly(tmp_pat
     assert "dataset 'd'" in result.stdout
     assert not target.exists()
     assert not list(tmp_path.glob(".out.beton.tmp-*"))
+
+
+def test_our_errors_cross_a_process_boundary_whole():
+    """A writer worker's error reaches the parent pickled: every field must come back."""
+    import pickle
+
+    from betonbuild.errors import ConfigError, SampleError, SourceError
+
+    for error in (SourceError("d", "the shard list is gone"), ConfigError("datasets.d.fields", "empty"),
+                  SampleError("d", "image", 3, "too big", "raise page_size", "shard s/p-0.tar, key k")):
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error) and vars(back) == vars(error)
