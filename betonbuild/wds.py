@@ -274,16 +274,20 @@ def _is_meta(name: str) -> bool:
     return ("/" not in name and name.startswith("__") and name.endswith("__")) or bool(META_MEMBER.match(name))
 
 
-def sample_members(fh: BinaryIO, file_size: int | None) -> Iterator[tuple[str, str, int, int]]:
-    """(sample key, extension, payload bytes, payload offset) of each member that belongs to a
-    sample, in order: regular files named the way webdataset splits them, its meta members skipped.
+def sample_members(fh: BinaryIO, file_size: int | None) -> Iterator[tuple[int, str, str, int, int]]:
+    """(sample's position in the shard, sample key, extension, payload bytes, payload offset) of
+    each member that belongs to a sample, in order: regular files named the way webdataset splits
+    them, its meta members skipped, and a new sample wherever the key changes (its group_by_keys).
     The offset is into the tar stream (the file itself when it is not compressed)."""
+    position, current = -1, None
     for name, regular, size in tar_members(fh, file_size):
         if not regular or _is_meta(name):
             continue
         key, ext = split_key(name)
         if key is not None:
-            yield key, ext, size, fh.tell() - _padded(size)
+            if key != current:
+                position, current = position + 1, key
+            yield position, key, ext, size, fh.tell() - _padded(size)
 
 
 def samples_digest(source: "WebDatasetSource", rows: np.ndarray) -> str:
@@ -305,18 +309,16 @@ def samples_digest(source: "WebDatasetSource", rows: np.ndarray) -> str:
 def _samples_digest(path: str, positions: set[int]) -> str | None:
     """A digest of the members of the samples at ``positions`` of an uncompressed shard; None if
     the shard cannot be read that way."""
-    digest, last, local, key_now = hashlib.sha256(), max(positions), -1, None
+    digest, last = hashlib.sha256(), max(positions)
     try:
         with open_shard(path) as (fh, size):
             if size is None:
                 return None
-            for key, ext, nbytes, offset in sample_members(fh, size):
-                if key != key_now:
-                    key_now, local = key, local + 1
-                    if local > last:
-                        break
-                if local in positions:
-                    digest.update(f"{local}\0{key}\0{ext}\0{nbytes}\n".encode())
+            for position, key, ext, nbytes, offset in sample_members(fh, size):
+                if position > last:
+                    break
+                if position in positions:
+                    digest.update(f"{position}\0{key}\0{ext}\0{nbytes}\n".encode())
                     for start in range(offset, offset + nbytes, READ_CHUNK):
                         data = os.pread(fh.fileno(), min(READ_CHUNK, offset + nbytes - start), start)
                         if not data:
@@ -334,8 +336,7 @@ def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
     """Samples and extensions of one shard, from its tar headers only, grouped into samples the way
     webdataset's group_by_keys groups them; checks the required keys and that no key repeats."""
     required = None if spec.source.get("pipeline") else field_keys(spec)
-    split = split_key
-    samples, extensions, seen = 0, set(), set()
+    extensions, seen = set(), set()
     current_key, current_exts = None, set()
     sample_bytes: list[int] = []  # payload bytes per sample: the pre-flight inspects the largest
 
@@ -353,15 +354,14 @@ def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
 
     try:
         with open_shard(path) as (fh, size):
-            for key, ext, member_bytes, _ in sample_members(fh, size):
+            for position, key, ext, member_bytes, _ in sample_members(fh, size):
                 ext = ext.lower()
-                if key != current_key:
+                if position == len(sample_bytes):  # the first member of the next sample
                     close_sample()
                     if key in seen:
                         raise SourceError(spec.name, f"shard {path}: sample key {key!r} appears twice (not adjacent)")
                     seen.add(key)
                     current_key, current_exts = key, set()
-                    samples += 1
                     sample_bytes.append(0)
                 if ext in current_exts:
                     raise SourceError(spec.name, f"shard {path}: sample key {key!r} has two {ext!r} members")
@@ -372,10 +372,11 @@ def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise SourceError(spec.name, f"shard {path} does not exist (working directory {os.getcwd()})") from None
     except TarDamage as damage:
-        raise SourceError(spec.name, _damage_message(path, damage, split)) from None
+        raise SourceError(spec.name, _damage_message(path, damage)) from None
     except (OSError, EOFError, zlib.error, lzma.LZMAError) as exc:  # a compressed shard that is cut or damaged
         raise SourceError(spec.name, f"shard {path} is not a readable tar file (corrupt or truncated?): "
                           f"{type(exc).__name__}: {exc}") from None
+    samples = len(sample_bytes)
     if samples == 0:
         raise SourceError(spec.name, f"shard {path} holds no sample")
     largest = sorted(range(samples), key=lambda i: -sample_bytes[i])[:LARGEST_SAMPLES]
@@ -383,10 +384,10 @@ def count_shard(spec: DatasetSpec, path: str) -> dict[str, Any]:
             "largest": [[i, sample_bytes[i]] for i in sorted(largest)]}  # [position in shard, bytes]
 
 
-def _damage_message(path: str, damage: TarDamage, split) -> str:
+def _damage_message(path: str, damage: TarDamage) -> str:
     where = f"at byte {damage.offset}"
     if damage.member is not None:
-        key = split(damage.member)[0]
+        key = split_key(damage.member)[0]
         where += f", {'inside' if damage.inside else 'after'} member {damage.member!r}"
         where += f" (sample key {key})" if key else ""
     if damage.truncated:

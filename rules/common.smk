@@ -123,7 +123,7 @@ def is_webdataset(spec):
 def shard_files(wildcards):
     """The local .tar shards of a webdataset source (brace patterns and globs expanded)."""
     spec = DATASETS[wildcards.ds]
-    if not is_webdataset(spec) or is_webdataset_without_package(spec):
+    if not is_webdataset(spec) or not webdataset_installed():
         return (
             []
         )  # without webdataset, the shard_list job itself fails with the clear message
