@@ -5,7 +5,7 @@ CORES ?= all
 # Test files run in parallel (one file per worker: module fixtures such as the SLURM cluster stay whole).
 PYTEST_WORKERS ?= auto
 
-.PHONY: setup run demo test lint lock bench clean
+.PHONY: setup run demo test test-quick lint lock bench clean
 
 setup:
 	bash tools/bootstrap.sh
@@ -15,13 +15,20 @@ run: setup
 	$(BIN)/snakemake --cores $(CORES) demo_data
 	$(BIN)/snakemake --cores $(CORES) all
 
-## Set up and run the whole test suite (unit + workflow tests with real snakemake).
-test: setup
+## Set up, lint, and run the whole test suite (unit + workflow tests with real snakemake).
+test: lint
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
+## The quick loop: the unit tests only (no snakemake run), well under a minute.
+test-quick: setup
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not workflow" $(PYTEST_ARGS)
+
+## ruff (lint and format) on the library, scripts, tests and benchmarks; snakefmt and snakemake --lint on the workflow.
 lint: setup
-	$(BIN)/snakemake --lint
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/snakefmt --check Snakefile rules/
+	$(BIN)/snakemake --lint
 
 ## Re-resolve requirements.in into requirements.lock (needs the package registry).
 lock:

@@ -15,8 +15,8 @@ Both sides write the same fields: ``image`` RGBImageField(write_mode='jpg', jpeg
   ``pipeline = lambda ds: ds.decode('rgb8').to_tuple('jpg', 'cls')``;
 - B: a fresh ``betonbuild write --config C --dataset D --output F --workers N`` process, which derives
   the shard list (tar headers + sha256 of every shard), the source manifest, and writes the file
-  (ffcv imported without its numba JIT, betonbuild/ffcv_import.py; plain JPEGs decoded with cv2,
-  betonbuild/wds.py).
+  (ffcv imported without its numba JIT, betonbuild/_compat/ffcv_import.py; plain JPEGs decoded with cv2,
+  betonbuild/sources/webdataset.py).
 - (``--snakemake``) C: ``snakemake all`` on a fresh copy of the project: shard list, manifest, smoke
   write + its verification, full write, full verification. Reported separately, not in the ratio.
 
@@ -113,12 +113,12 @@ PHASES_B = textwrap.dedent(
     t0 = time.monotonic()
     marks = {}
     mark = lambda name: marks.__setitem__(name, time.monotonic() - t0)
-    import betonbuild.cli, betonbuild.stages; mark("import betonbuild")
+    import betonbuild.cli, betonbuild.workflow.stages; mark("import betonbuild")
     import torch; mark("import torch")
     import webdataset; mark("import webdataset")
     import ffcv.fields, ffcv.writer; mark("import ffcv (numba JIT at import: A only)")
-    from betonbuild.spec import load_config_file
-    from betonbuild.stages import build, make_shard_list, make_source_manifest
+    from betonbuild.config.spec import load_config_file
+    from betonbuild.workflow.stages import build, make_shard_list, make_source_manifest
     spec = load_config_file("config.yaml").datasets[sys.argv[2]]
     with tempfile.TemporaryDirectory() as tmp:
         make_shard_list(spec, tmp + "/shards.json"); mark("shard list (tar headers + sha256)")
@@ -130,6 +130,7 @@ PHASES_B = textwrap.dedent(
     """
 )
 
+
 def phases(project: Path, workers: int, runs: int, quiet_below: float, max_wait: float) -> dict:
     """Median time of each phase of each side (cumulative marks turned into durations), and the process exit."""
     out: dict[str, dict] = {}
@@ -138,8 +139,21 @@ def phases(project: Path, workers: int, runs: int, quiet_below: float, max_wait:
         for _ in range(runs):
             wait_until_quiet(quiet_below, max_wait)
             started = time.monotonic()
-            proc = subprocess.run([sys.executable, "-W", "ignore", "-c", script, str(project / f"phases-{side}.beton"),
-                                   arg, str(workers)], cwd=project, capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-W",
+                    "ignore",
+                    "-c",
+                    script,
+                    str(project / f"phases-{side}.beton"),
+                    arg,
+                    str(workers),
+                ],
+                cwd=project,
+                capture_output=True,
+                text=True,
+            )
             total = time.monotonic() - started
             if proc.returncode != 0:
                 raise SystemExit(proc.stderr[-3000:])
@@ -180,8 +194,9 @@ def prepare() -> Path:
                 jpeg = io.BytesIO()
                 Image.fromarray(crop).save(jpeg, format="JPEG", quality=90)
                 sink.write({"__key__": f"s{s:04d}_{k:05d}", "jpg": jpeg.getvalue(), "cls": label})
-    (CACHE / "config.yaml").write_text(textwrap.dedent(
-        f"""
+    (CACHE / "config.yaml").write_text(
+        textwrap.dedent(
+            f"""
         datasets:
           {DATASET}:
             source:
@@ -193,7 +208,8 @@ def prepare() -> Path:
               image: {{type: rgb_image, write_mode: jpg, jpeg_quality: 90}}
               label: {{type: int}}
         """
-    ).lstrip())
+        ).lstrip()
+    )
     done.write_text("ok\n")
     return CACHE
 
@@ -230,9 +246,13 @@ def timed(cmd: list[str], cwd: Path, log: Path) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
     cpu = usage.ru_utime + usage.ru_stime
-    return {"seconds": seconds, "max_rss_mib": usage.ru_maxrss / 1024, "cpu_seconds": cpu,
-            # CPU the rest of the machine used meanwhile, in cores: 0 on a quiet machine
-            "other_load_cores": max(0.0, busy - cpu) / seconds}
+    return {
+        "seconds": seconds,
+        "max_rss_mib": usage.ru_maxrss / 1024,
+        "cpu_seconds": cpu,
+        # CPU the rest of the machine used meanwhile, in cores: 0 on a quiet machine
+        "other_load_cores": max(0.0, busy - cpu) / seconds,
+    }
 
 
 def quiet_run(run, args, discarded: list[dict]) -> dict:
@@ -243,8 +263,11 @@ def quiet_run(run, args, discarded: list[dict]) -> dict:
         result = run()
         if result["other_load_cores"] < args.quiet_below or attempt == args.retries:
             return result
-        print(f"  discarded a run of {result['seconds']:.2f} s: other processes used "
-              f"{result['other_load_cores']:.2f} cores meanwhile", flush=True)
+        print(
+            f"  discarded a run of {result['seconds']:.2f} s: other processes used "
+            f"{result['other_load_cores']:.2f} cores meanwhile",
+            flush=True,
+        )
         discarded.append(result)
 
 
@@ -255,8 +278,18 @@ def side_a(project: Path, out: Path, workers: int) -> dict:
 
 def side_b(project: Path, out: Path, workers: int) -> dict:
     out.unlink(missing_ok=True)
-    cmd = [str(BIN / "betonbuild"), "write", "--config", "config.yaml", "--dataset", DATASET,
-           "--output", str(out), "--workers", str(workers)]
+    cmd = [
+        str(BIN / "betonbuild"),
+        "write",
+        "--config",
+        "config.yaml",
+        "--dataset",
+        DATASET,
+        "--output",
+        str(out),
+        "--workers",
+        str(workers),
+    ]
     return timed(cmd, project, out.with_suffix(".log"))
 
 
@@ -264,8 +297,18 @@ def side_c(project: Path, workers: int) -> dict:
     """``snakemake all`` from nothing (results, logs and .snakemake removed first)."""
     for name in ("results", "logs", "benchmarks", ".snakemake"):
         shutil.rmtree(project / name, ignore_errors=True)
-    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(project), "--configfile",
-           str(project / "config.yaml"), "--cores", str(workers), "all"]
+    cmd = [
+        str(BIN / "snakemake"),
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(project),
+        "--configfile",
+        str(project / "config.yaml"),
+        "--cores",
+        str(workers),
+        "all",
+    ]
     result = timed(cmd, project, project / "snakemake.log")
     stages = {}
     for tsv in sorted((project / "benchmarks").glob(f"*/{DATASET}.tsv")):
@@ -276,7 +319,7 @@ def side_c(project: Path, workers: int) -> dict:
 
 def content_check(a: Path, b: Path) -> dict:
     """Same logical content: labels equal in order, images within a small tolerance."""
-    from betonbuild.beton import BetonFile, decode_image
+    from betonbuild.beton.format import BetonFile, decode_image
 
     fa, fb = BetonFile(a), BetonFile(b)
     assert fa.num_samples == fb.num_samples == SAMPLES, (fa.num_samples, fb.num_samples)
@@ -289,19 +332,29 @@ def content_check(a: Path, b: Path) -> dict:
             continue
         ia, ib = decode_image(fa, "image", row), decode_image(fb, "image", row)
         worst = max(worst, float(np.abs(ia.astype(np.int16) - ib.astype(np.int16)).mean()))
-    return {"samples": int(fa.num_samples), "labels_equal": labels_equal,
-            "identical_jpeg_payloads": identical_payloads, "worst_mean_abs_error_of_the_others": worst,
-            "ok": labels_equal and worst <= 1.0}
+    return {
+        "samples": int(fa.num_samples),
+        "labels_equal": labels_equal,
+        "identical_jpeg_payloads": identical_payloads,
+        "worst_mean_abs_error_of_the_others": worst,
+        "ok": labels_equal and worst <= 1.0,
+    }
 
 
 def machine() -> dict:
     import importlib.metadata as md
 
     mem = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    model = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?"
+    )
     return {
-        "cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "cpu_model": model,
-        "ram_gib": round(mem / 2**20, 1), "kernel": platform.release(), "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "ram_gib": round(mem / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
         **{pkg: md.version(pkg) for pkg in ("ffcv", "webdataset", "numpy", "opencv-python", "pillow", "snakemake")},
     }
 
@@ -312,13 +365,22 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--snakemake", action="store_true", help="also time `snakemake all` (not in the ratio)")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--quiet-below", type=float, default=0.2,
-                        help="before each run, wait until other processes use fewer cores than this")
+    parser.add_argument(
+        "--quiet-below",
+        type=float,
+        default=0.2,
+        help="before each run, wait until other processes use fewer cores than this",
+    )
     parser.add_argument("--max-wait", type=float, default=300.0, help="seconds to wait for a quiet machine")
-    parser.add_argument("--retries", type=int, default=0,
-                        help="run a side again (up to N times) when other processes used the CPU during it")
-    parser.add_argument("--phases", type=int, default=0, metavar="N",
-                        help="also time the phases of each side (N runs each, medians)")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        help="run a side again (up to N times) when other processes used the CPU during it",
+    )
+    parser.add_argument(
+        "--phases", type=int, default=0, metavar="N", help="also time the phases of each side (N runs each, medians)"
+    )
     args = parser.parse_args()
 
     project = prepare()
@@ -330,9 +392,12 @@ def main() -> None:
         a = quiet_run(lambda: side_a(project, out_a, args.workers), args, discarded)
         b = quiet_run(lambda: side_b(project, out_b, args.workers), args, discarded)
         runs.append({"a": a, "b": b, "ratio": a["seconds"] / b["seconds"]})
-        print(f"pair {pair + 1}: A {a['seconds']:.2f} s ({a['max_rss_mib']:.0f} MiB, other load "
-              f"{a['other_load_cores']:.2f})  B {b['seconds']:.2f} s ({b['max_rss_mib']:.0f} MiB, other load "
-              f"{b['other_load_cores']:.2f})  A/B {runs[-1]['ratio']:.2f}", flush=True)
+        print(
+            f"pair {pair + 1}: A {a['seconds']:.2f} s ({a['max_rss_mib']:.0f} MiB, other load "
+            f"{a['other_load_cores']:.2f})  B {b['seconds']:.2f} s ({b['max_rss_mib']:.0f} MiB, other load "
+            f"{b['other_load_cores']:.2f})  A/B {runs[-1]['ratio']:.2f}",
+            flush=True,
+        )
     check = content_check(out_a, out_b)
     quiet = [r for r in runs if max(r["a"]["other_load_cores"], r["b"]["other_load_cores"]) < args.quiet_below]
     result = {

@@ -1,5 +1,5 @@
 """betonbuild: datasets to validated FFCV .beton files, built by Snakemake."""
 
-from .ffcv_import import install as _install_fast_ffcv_import
+from betonbuild._compat.ffcv_import import install as _install_fast_ffcv_import
 
 _install_fast_ffcv_import()

@@ -6,8 +6,9 @@ import contextlib
 import glob
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 def temp_path_for(target: str | os.PathLike) -> Path:

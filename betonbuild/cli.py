@@ -9,22 +9,31 @@ import sys
 import tempfile
 import traceback
 
-from .errors import BetonbuildError
+from betonbuild.errors import BetonbuildError
 
 
 def _inspect(args) -> int:
     """Any .beton, also one betonbuild did not write; custom fields need --custom to show their values."""
-    from .beton import BetonFile, UnregisteredCustomField, describe
+    from betonbuild.beton.format import BetonFile, UnregisteredCustomField, describe
 
     handlers = _custom_classes(args.custom)
     try:
         info = describe(BetonFile(args.file, custom_handlers=handlers), samples=args.samples, digest=args.digest)
     except UnregisteredCustomField as exc:
-        info = {"file": args.file, "header": exc.header,
-                "fields": [{"name": f.name, "type": f.type_name, "type_id": f.type_id,
-                            **({"arguments": f.describe_arguments()} if f.type_id != 255 else {})}
-                           for f in exc.fields],
-                "incomplete": str(exc)}
+        info = {
+            "file": args.file,
+            "header": exc.header,
+            "fields": [
+                {
+                    "name": f.name,
+                    "type": f.type_name,
+                    "type_id": f.type_id,
+                    **({"arguments": f.describe_arguments()} if f.type_id != 255 else {}),
+                }
+                for f in exc.fields
+            ],
+            "incomplete": str(exc),
+        }
     if args.json:
         print(json.dumps(info, indent=2, default=str))
     else:
@@ -33,7 +42,7 @@ def _inspect(args) -> int:
 
 
 def _custom_classes(items: list[str]) -> dict[str, type]:
-    from .custom import load_class
+    from betonbuild.fields.custom import load_class
 
     classes = {}
     for item in items or []:
@@ -54,20 +63,28 @@ def _human(n: float) -> str:
 
 def _inspect_text(info: dict) -> str:
     header = info["header"]
-    lines = [f"file          {info['file']} ({_human(header.get('bytes', info.get('bytes', 0)))})",
-             f"format        version {header['version']}, page size {_human(header['page_size'])} "
-             f"({header['page_size']} bytes)",
-             f"samples       {header['num_samples']}"]
+    lines = [
+        f"file          {info['file']} ({_human(header.get('bytes', info.get('bytes', 0)))})",
+        f"format        version {header['version']}, page size {_human(header['page_size'])} "
+        f"({header['page_size']} bytes)",
+        f"samples       {header['num_samples']}",
+    ]
     if "incomplete" in info:
         lines.append("fields")
-        lines += [f"  {i:>2}  {f['name']:<16} {f['type']:<12} type id {f['type_id']}" for i, f in enumerate(info["fields"])]
+        lines += [
+            f"  {i:>2}  {f['name']:<16} {f['type']:<12} type id {f['type_id']}" for i, f in enumerate(info["fields"])
+        ]
         lines.append(f"incomplete    {info['incomplete']}")
         return "\n".join(lines)
     layout = info["layout"]
-    lines.append(f"data region   bytes [{layout['data_region'][0]}, {layout['data_region'][1]}): {layout['pages']} pages, "
-                 f"{layout['pages_used']} used, fill ratio {layout['fill_ratio']:.1%}")
-    lines.append(f"allocations   {layout['allocations']} ({_human(layout['allocated_bytes'])}); metadata "
-                 f"{layout['metadata_record_bytes']} bytes per sample")
+    lines.append(
+        f"data region   bytes [{layout['data_region'][0]}, {layout['data_region'][1]}): {layout['pages']} pages, "
+        f"{layout['pages_used']} used, fill ratio {layout['fill_ratio']:.1%}"
+    )
+    lines.append(
+        f"allocations   {layout['allocations']} ({_human(layout['allocated_bytes'])}); metadata "
+        f"{layout['metadata_record_bytes']} bytes per sample"
+    )
     lines.append("fields")
     lines.append(f"  {'#':>2}  {'name':<16} {'type':<12} {'stored':>10} {'per sample':>11}  arguments")
     for i, f in enumerate(info["fields"]):
@@ -79,8 +96,15 @@ def _inspect_text(info: dict) -> str:
         lines.append(f"  {i:>2}  {f['name']:<16} {f['type']:<12} {_human(stored):>10} {_human(per):>11}  {arguments}")
     failed = [c for c in info["structure"] if not c["ok"]]
     flagged = [c for c in info["structure"] if c["ok"] and c.get("flagged")]
-    lines.append("structure     " + ("ok: aligned pages, allocations in the file and on one page each, no overlap, "
-                                     "every metadata pointer an allocation of its sample" if not failed else "PROBLEMS"))
+    lines.append(
+        "structure     "
+        + (
+            "ok: aligned pages, allocations in the file and on one page each, no overlap, "
+            "every metadata pointer an allocation of its sample"
+            if not failed
+            else "PROBLEMS"
+        )
+    )
     lines += [f"  - {c['name']}: {c['detail']}" for c in failed + flagged]
     if "content_digest" in info:
         lines.append(f"content       sha256 {info['content_digest']}")
@@ -93,7 +117,7 @@ def _inspect_text(info: dict) -> str:
 
 
 def _repro(args) -> int:
-    from .failure import replay
+    from betonbuild.write.failure import replay
 
     try:
         values, sizes = replay(args.directory)
@@ -106,7 +130,7 @@ def _repro(args) -> int:
 
 
 def _dataset(config_path: str, name: str):
-    from .spec import load_config_file
+    from betonbuild.config.spec import load_config_file
 
     datasets = load_config_file(config_path).datasets
     if name not in datasets:
@@ -116,7 +140,7 @@ def _dataset(config_path: str, name: str):
 
 def _manifest(spec, directory: str) -> str:
     """The source manifest (and, for shards, the shard list) in a scratch directory."""
-    from .stages import make_shard_list, make_source_manifest
+    from betonbuild.workflow.stages import make_shard_list, make_source_manifest
 
     if spec.source["kind"] == "webdataset":
         make_shard_list(spec, os.path.join(directory, "shards.json"))
@@ -126,26 +150,25 @@ def _manifest(spec, directory: str) -> str:
 
 
 def _write(args) -> int:
-    from .stages import build
+    from betonbuild.workflow.stages import build
 
     spec = _dataset(args.config, args.dataset)
     with tempfile.TemporaryDirectory() as tmp:
         manifest = _manifest(spec, tmp)
-        record = build(spec, manifest, args.output, args.output + ".write.json", threads=args.workers,
-                       smoke=args.smoke)
+        record = build(spec, manifest, args.output, args.output + ".write.json", threads=args.workers, smoke=args.smoke)
     print(json.dumps(record, indent=2))
     return 0
 
 
 def _verify(args) -> int:
     """The workflow's report for one file: same checks, same JSON; exit 1 if a check fails."""
-    from .errors import VerificationError
-    from .stages import verify
-    from .verify import start_loader_process
+    from betonbuild.errors import VerificationError
+    from betonbuild.verify import start_loader_process
+    from betonbuild.workflow.stages import verify
 
     spec = _dataset(args.config, args.dataset)
     if args.mode:
-        from .spec import DatasetSpec
+        from betonbuild.config.spec import DatasetSpec
 
         spec = DatasetSpec.from_dict({**spec.to_dict(), "verify": {**spec.verify, "mode": args.mode}})
     record = args.record or _write_record(args.file)
@@ -156,8 +179,17 @@ def _verify(args) -> int:
             manifest = _manifest(spec, tmp)
             report_path, failed_path = os.path.join(tmp, "report.json"), os.path.join(tmp, "failed.json")
             try:
-                verify(spec, manifest, args.file, record, report_path, failed_path, smoke=args.smoke,
-                       threads=threads, loader=loader)
+                verify(
+                    spec,
+                    manifest,
+                    args.file,
+                    record,
+                    report_path,
+                    failed_path,
+                    smoke=args.smoke,
+                    threads=threads,
+                    loader=loader,
+                )
                 failure = None
             except VerificationError as exc:
                 report_path, failure = failed_path, exc
@@ -167,7 +199,7 @@ def _verify(args) -> int:
         if loader is not None:
             loader.close()
     if args.output:
-        from .atomic import atomic_path
+        from betonbuild.atomic import atomic_path
 
         with atomic_path(args.output) as tmp_out:
             tmp_out.write_text(text)
@@ -193,8 +225,8 @@ def _write_record(beton_path: str) -> str:
 
 
 def _status(args) -> int:
-    from .spec import load_config_file
-    from .status import default_snakefile, status
+    from betonbuild.config.spec import load_config_file
+    from betonbuild.workflow.status import default_snakefile, status
 
     snakefile = args.snakefile or str(default_snakefile())
     configfile = args.configfile or os.path.join(args.directory, "config", "config.yaml")
@@ -211,22 +243,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="betonbuild", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
-        "inspect", help="describe any .beton: header, fields, pages, bytes per field, structure, first samples",
+        "inspect",
+        help="describe any .beton: header, fields, pages, bytes per field, structure, first samples",
         description="Describes any .beton (also one betonbuild did not write) without ffcv's Loader: header, "
-                    "fields with decoded arguments, sample count, pages and fill ratio, bytes per field, the "
-                    "structural checks, and the first samples. Exit status 2 if a structural check fails.")
+        "fields with decoded arguments, sample count, pages and fill ratio, bytes per field, the "
+        "structural checks, and the first samples. Exit status 2 if a structural check fails.",
+    )
     p.add_argument("file")
     p.add_argument("--samples", type=int, default=3, metavar="N", help="summarise the first N samples (default 3)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--digest", action="store_true", help="also compute the content digest (reads every payload)")
-    p.add_argument("--custom", action="append", metavar="NAME=pkg.module:Class",
-                   help="register the class of custom (type id 255) field NAME; repeatable")
+    p.add_argument(
+        "--custom",
+        action="append",
+        metavar="NAME=pkg.module:Class",
+        help="register the class of custom (type id 255) field NAME; repeatable",
+    )
     p.set_defaults(func=_inspect)
     p = sub.add_parser("repro", help="replay a saved failing sample (results/{ds}/failure) in one process")
     p.add_argument("directory")
     p.set_defaults(func=_repro)
-    for name, func, help_text in (("write", _write, "write one dataset of a config to a .beton"),
-                                  ("verify", _verify, "the workflow's verification report for one .beton")):
+    for name, func, help_text in (
+        ("write", _write, "write one dataset of a config to a .beton"),
+        ("verify", _verify, "the workflow's verification report for one .beton"),
+    ):
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         p.add_argument("--config", required=True)
         p.add_argument("--dataset", required=True)
@@ -236,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--workers", type=int, default=None, help="overrides writer.num_workers = -1")
         else:
             p.add_argument("file")
-            p.add_argument("--record", help="the write record (default: {ds}.write.json or FILE.write.json beside FILE)")
+            p.add_argument(
+                "--record", help="the write record (default: {ds}.write.json or FILE.write.json beside FILE)"
+            )
             p.add_argument("--threads", type=int, default=None, help="default: every CPU this process may use")
             p.add_argument("--mode", choices=["auto", "full", "sample"], help="overrides the config's verify.mode")
             p.add_argument("--output", help="write the report here instead of printing it")

@@ -16,13 +16,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import atomic_path
+from betonbuild.atomic import atomic_path
 
 CROP = 256
 CROPS_PER_PHOTO = 4
 SKIMAGE_PHOTOS = (
-    "astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry",
-    "retina", "hubble_deep_field", "stereo_motorcycle",
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "immunohistochemistry",
+    "retina",
+    "hubble_deep_field",
+    "stereo_motorcycle",
 )
 
 
@@ -82,8 +88,9 @@ def write_photo_shards(paths: list[str]) -> None:
         for k, crop in enumerate(crops(image)):
             jpeg = io.BytesIO()
             Image.fromarray(crop).save(jpeg, format="JPEG", quality=95)
-            samples.append({"__key__": f"{name}_{k}", "jpg": jpeg.getvalue(), "cls": label,
-                            "json": {"photo": name, "crop": k}})
+            samples.append(
+                {"__key__": f"{name}_{k}", "jpg": jpeg.getvalue(), "cls": label, "json": {"photo": name, "crop": k}}
+            )
     per_shard = -(-len(samples) // len(paths))
     for i, path in enumerate(paths):
         Path(path).parent.mkdir(parents=True, exist_ok=True)

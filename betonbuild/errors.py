@@ -32,8 +32,9 @@ class SourceError(BetonbuildError):
 class SampleError(BetonbuildError):
     """One value of one sample breaks the field's contract. Names dataset, field and source index."""
 
-    def __init__(self, dataset: str, field: str | None, index: int | None, why: str, fix: str = "",
-                 location: str | None = None):
+    def __init__(
+        self, dataset: str, field: str | None, index: int | None, why: str, fix: str = "", location: str | None = None
+    ):
         self.dataset = dataset
         self.field = field
         self.index = index

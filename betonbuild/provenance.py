@@ -58,7 +58,11 @@ def same_build(a: dict, b: dict) -> bool:
 
 
 def build_differences(writer: dict, reader: dict) -> list[str]:
-    return [f"{k}: written by {writer.get(k)!r}, read by {reader.get(k)!r}" for k in BUILD_KEYS if writer.get(k) != reader.get(k)]
+    return [
+        f"{k}: written by {writer.get(k)!r}, read by {reader.get(k)!r}"
+        for k in BUILD_KEYS
+        if writer.get(k) != reader.get(k)
+    ]
 
 
 def _sha256_of_file(path: str) -> str:

@@ -4,12 +4,12 @@ import re
 
 from snakemake.utils import validate
 
-from betonbuild.locks import clear_stale_locks, record_lock_owner
-from betonbuild.prompt_exit import cancel_idle_timers
+from betonbuild.workflow.locks import clear_stale_locks, record_lock_owner
+from betonbuild._compat.snakemake_timers import cancel_idle_timers
 from betonbuild.provenance import installed_ffcv_build
 from betonbuild.sources import input_files
-from betonbuild.wds import expand_shards, webdataset_installed
-from betonbuild.spec import SCHEMA_PATH, check_no_duplicate_keys, load_config
+from betonbuild.sources.webdataset import expand_shards, webdataset_installed
+from betonbuild.config.spec import SCHEMA_PATH, check_no_duplicate_keys, load_config
 
 # Our own checks first: they name the dataset and key (e.g. a field name longer than 16 bytes).
 for _configfile in workflow.configfiles:

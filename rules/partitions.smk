@@ -71,7 +71,7 @@ rule verify_part:
 
 
 rule merge:
-    """The parts joined, in order, into the dataset's one standard .beton (betonbuild.merge)."""
+    """The parts joined, in order, into the dataset's one standard .beton (betonbuild.beton.merge)."""
     input:
         manifest=manifest,
         parts=part_files("beton"),

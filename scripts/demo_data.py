@@ -2,7 +2,7 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir + "/..")  # the conda route imports betonbuild from this checkout
 from betonbuild.demo import write_digits, write_faces, write_photo_shards, write_photos
-from betonbuild.rulescript import run
+from betonbuild.workflow.rulescript import run
 
 
 def materialise():

@@ -1,12 +1,10 @@
 import sys
 
 sys.path.insert(0, snakemake.scriptdir + "/..")  # the conda route imports betonbuild from this checkout
-from betonbuild.rulescript import dataset_spec, run
-from betonbuild.stages import make_source_manifest
+from betonbuild.workflow.rulescript import dataset_spec, run
+from betonbuild.workflow.stages import make_source_manifest
 
 run(
     snakemake,
-    lambda: make_source_manifest(
-        dataset_spec(snakemake), snakemake.output.manifest, smoke_path=snakemake.output.smoke
-    ),
+    lambda: make_source_manifest(dataset_spec(snakemake), snakemake.output.manifest, smoke_path=snakemake.output.smoke),
 )

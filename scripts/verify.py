@@ -2,8 +2,8 @@
 import sys
 
 sys.path.insert(0, snakemake.scriptdir + "/..")  # the conda route imports betonbuild from this checkout
-from betonbuild.rulescript import dataset_spec, run
-from betonbuild.stages import verify
+from betonbuild.workflow.rulescript import dataset_spec, run
+from betonbuild.workflow.stages import verify
 
 run(
     snakemake,

@@ -32,13 +32,23 @@ class ListDataset:
 def run_snakemake(workdir: Path, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
     """Runs the real workflow on ``workdir`` (its config.yaml), the way a user keeps data outside the repo."""
     cmd = [
-        str(BIN / "snakemake"), "-s", str(SNAKEFILE), "-d", str(workdir),
-        "--configfile", str(workdir / "config.yaml"), "--cores", "2", *args,
+        str(BIN / "snakemake"),
+        "-s",
+        str(SNAKEFILE),
+        "-d",
+        str(workdir),
+        "--configfile",
+        str(workdir / "config.yaml"),
+        "--cores",
+        "2",
+        *args,
     ]
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)
     if check and result.returncode != 0:
-        raise AssertionError(f"snakemake failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}")
+        raise AssertionError(
+            f"snakemake failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+        )
     return result
 
 
@@ -79,3 +89,14 @@ def digits_npz(tmp_path: Path) -> Path:
 @pytest.fixture
 def photo_folder(tmp_path: Path) -> Path:
     return make_photo_folder(tmp_path / "photos")
+
+
+WORKFLOW_TESTS = Path(__file__).parent / "workflow"
+
+
+def pytest_collection_modifyitems(items):
+    """Tests under tests/workflow/ run real snakemake (or the SLURM cluster): marked, so that
+    ``make test-quick`` (``-m "not workflow"``) runs only the unit tests."""
+    for item in items:
+        if WORKFLOW_TESTS in Path(item.path).parents:
+            item.add_marker(pytest.mark.workflow)

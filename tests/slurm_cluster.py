@@ -166,8 +166,9 @@ class SlurmCluster:
         munge = pwd.getpwnam("munge")
         MUNGE_SOCKET_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
         os.chown(MUNGE_SOCKET_DIR, munge.pw_uid, munge.pw_gid)
-        self._spawn("munged", ["munged", "--foreground", "--force"], user=munge.pw_uid, group=munge.pw_gid,
-                    extra_groups=[])
+        self._spawn(
+            "munged", ["munged", "--foreground", "--force"], user=munge.pw_uid, group=munge.pw_gid, extra_groups=[]
+        )
         self._wait(self._munge_answers, 15, "munged to answer")
 
     def _wait_until_idle(self, timeout: float) -> None:

@@ -18,14 +18,22 @@ import subprocess
 import sys
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from . import report
 from .runner import REPO, ContentMismatch, Context
 
-MODULES = {1: "b1_jpeg_write", 2: "b2_raw_write", 3: "b3_encode_limit", 4: "b4_webdataset",
-           5: "b5_merge", 6: "b6_verify", 7: "b7_incremental", 8: "b8_workflow_scale"}
+MODULES = {
+    1: "b1_jpeg_write",
+    2: "b2_raw_write",
+    3: "b3_encode_limit",
+    4: "b4_webdataset",
+    5: "b5_merge",
+    6: "b6_verify",
+    7: "b7_incremental",
+    8: "b8_workflow_scale",
+}
 GIB = 1 << 30
 
 # name: (default, --quick) sizes. Defaults: a few minutes per benchmark on 2 cores.
@@ -50,10 +58,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small sizes and 2 pairs: checks that everything runs")
     parser.add_argument("--pairs", type=int, help="timed rounds per comparison (default 5, --quick 2)")
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)), help="workers/threads per side")
-    parser.add_argument("--tree", default="HEAD",
-                        help="a commit to snapshot (default HEAD), `worktree` (the checkout as it is), or a directory")
-    parser.add_argument("--quiet-below", type=float, default=0.3,
-                        help="before each run wait until other processes use fewer cores than this (0: never)")
+    parser.add_argument(
+        "--tree",
+        default="HEAD",
+        help="a commit to snapshot (default HEAD), `worktree` (the checkout as it is), or a directory",
+    )
+    parser.add_argument(
+        "--quiet-below",
+        type=float,
+        default=0.3,
+        help="before each run wait until other processes use fewer cores than this (0: never)",
+    )
     parser.add_argument("--max-wait", type=float, default=10.0, help="...but at most this many seconds")
     parser.add_argument("--cache", type=Path, default=REPO / "bench" / "cache" / "harness")
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results.json")
@@ -66,7 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def measured_tree(choice: str, cache: Path) -> tuple[Path, str]:
     """The betonbuild source to measure, and how RESULTS.md names it."""
-    git = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, check=True).stdout
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, check=True).stdout
+
     if choice == "worktree":
         dirty = git("status", "--porcelain", "--", "betonbuild", "rules", "scripts", "Snakefile", "profiles").strip()
         head = git("rev-parse", "--short", "HEAD").strip()
@@ -80,28 +98,45 @@ def measured_tree(choice: str, cache: Path) -> tuple[Path, str]:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         # What an installed package has: byte-compiled modules, not recompiled by every process.
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "betonbuild"), str(tree / "scripts")],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", str(tree / "betonbuild"), str(tree / "scripts")], check=True
+        )
     subject = git("log", "-1", "--format=%s", commit).strip()
     return tree, f"{commit[:10]} ({subject[:60]})"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sizes = {name: getattr(args, name) if getattr(args, name) is not None else pair[int(args.quick)]
-             for name, pair in SIZES.items()}
+    sizes = {
+        name: getattr(args, name) if getattr(args, name) is not None else pair[int(args.quick)]
+        for name, pair in SIZES.items()
+    }
     tree, tree_name = measured_tree(args.tree, args.cache)
     sys.path.insert(0, str(tree))  # the digests and data helpers import the measured betonbuild too
     for name in [m for m in sys.modules if m == "betonbuild" or m.startswith("betonbuild.")]:
         del sys.modules[name]
     log_dir = args.cache / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    ctx = Context(cache=args.cache, tree=tree, cores=args.cores, pairs=args.pairs or (2 if args.quick else 5),
-                  quick=args.quick, sizes=sizes, quiet_below=args.quiet_below, max_wait=args.max_wait, log_dir=log_dir)
+    ctx = Context(
+        cache=args.cache,
+        tree=tree,
+        cores=args.cores,
+        pairs=args.pairs or (2 if args.quick else 5),
+        quick=args.quick,
+        sizes=sizes,
+        quiet_below=args.quiet_below,
+        max_wait=args.max_wait,
+        log_dir=log_dir,
+    )
     command = "python -m bench.harness " + shlex.join(argv if argv is not None else sys.argv[1:])
     results = report.load_json(args.json)
-    results["last_run"] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                           "command": command.strip(), "machine": report.machine(), "tree": tree_name, "sizes": sizes}
+    results["last_run"] = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command.strip(),
+        "machine": report.machine(),
+        "tree": tree_name,
+        "sizes": sizes,
+    }
     print(f"measuring {tree_name} on {ctx.cores} cores; logs in {log_dir}", flush=True)
     failed = 0
     for number in args.only or sorted(MODULES):
@@ -112,19 +147,34 @@ def main(argv: list[str] | None = None) -> int:
             entry = module.run(ctx)
         except ContentMismatch as exc:
             failed += 1
-            entry = {"id": number, "name": module.NAME, "title": module.TITLE, "status": "content mismatch",
-                     "reason": f"{exc}; no time counts"}
+            entry = {
+                "id": number,
+                "name": module.NAME,
+                "title": module.TITLE,
+                "status": "content mismatch",
+                "reason": f"{exc}; no time counts",
+            }
         except Exception as exc:  # noqa: BLE001 - one broken benchmark must not lose the others' figures
             failed += 1
             traceback.print_exc()
-            entry = {"id": number, "name": module.NAME, "title": module.TITLE, "status": "error",
-                     "reason": f"{type(exc).__name__}: {str(exc)[:500]}"}
+            entry = {
+                "id": number,
+                "name": module.NAME,
+                "title": module.TITLE,
+                "status": "error",
+                "reason": f"{type(exc).__name__}: {str(exc)[:500]}",
+            }
         if not getattr(module, "KEEP_WORKDIR", False):  # its outputs (GBs); the inputs under data/ stay
             shutil.rmtree(ctx.cache / module.NAME, ignore_errors=True)
         entry.setdefault("status", "measured")
-        entry.update(measured_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), command=command.strip(),
-                     tree=tree_name, pairs=ctx.pairs, duration_s=round(time.monotonic() - started),
-                     load1_start_end=[round(load_before, 2), round(os.getloadavg()[0], 2)])
+        entry.update(
+            measured_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            command=command.strip(),
+            tree=tree_name,
+            pairs=ctx.pairs,
+            duration_s=round(time.monotonic() - started),
+            load1_start_end=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+        )
         if entry["status"] == "measured":
             loads = [run["load1"] for r in entry["rounds"] for run in r.values() if "load1" in run]
             entry["load1"] = {"min": min(loads), "max": max(loads)}

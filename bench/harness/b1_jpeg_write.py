@@ -39,28 +39,63 @@ def run(ctx: Context) -> dict:
     built = work / "results" / "jpeg" / "jpeg.beton"
     stages, after_snakemake = stage_recorder(work)
     sides = [
-        Side("plain_ffcv", ctx.side_script("plain_write", images, labels, plain, ctx.cores, "jpg"), work,
-             output=plain, before=clean(plain), after=inner_seconds),
-        Side("betonbuild_write", ctx.betonbuild("write", "--config", "config.yaml", "--dataset", "jpeg", "--output",
-                                                str(ours), "--workers", str(ctx.cores)), work,
-             output=ours, before=clean(ours, work / "betonbuild.beton.write.json"), after=inner_seconds),
-        Side("snakemake", ctx.snakemake(work, "--cores", str(ctx.cores), "results/jpeg/jpeg.beton"), work,
-             output=built, before=reset_project(work), after=after_snakemake),
+        Side(
+            "plain_ffcv",
+            ctx.side_script("plain_write", images, labels, plain, ctx.cores, "jpg"),
+            work,
+            output=plain,
+            before=clean(plain),
+            after=inner_seconds,
+        ),
+        Side(
+            "betonbuild_write",
+            ctx.betonbuild(
+                "write",
+                "--config",
+                "config.yaml",
+                "--dataset",
+                "jpeg",
+                "--output",
+                str(ours),
+                "--workers",
+                str(ctx.cores),
+            ),
+            work,
+            output=ours,
+            before=clean(ours, work / "betonbuild.beton.write.json"),
+            after=inner_seconds,
+        ),
+        Side(
+            "snakemake",
+            ctx.snakemake(work, "--cores", str(ctx.cores), "results/jpeg/jpeg.beton"),
+            work,
+            output=built,
+            before=reset_project(work),
+            after=after_snakemake,
+        ),
     ]
     parts_stages, after_parts = stage_recorder(work)
     if partitions:
-        sides.append(Side("snakemake_partitions", ctx.snakemake(work, "--cores", str(ctx.cores),
-                                                                "results/jpeg_parts/jpeg_parts.beton"), work,
-                          output=work / "results" / "jpeg_parts" / "jpeg_parts.beton", before=reset_project(work),
-                          after=after_parts))
+        sides.append(
+            Side(
+                "snakemake_partitions",
+                ctx.snakemake(work, "--cores", str(ctx.cores), "results/jpeg_parts/jpeg_parts.beton"),
+                work,
+                output=work / "results" / "jpeg_parts" / "jpeg_parts.beton",
+                before=reset_project(work),
+                after=after_parts,
+            )
+        )
     rounds = alternate(ctx, NAME, sides)
     ratios = [ratio(rounds, side.name, "plain_ffcv") for side in sides[1:]]
     goal = "betonbuild no slower than plain ffcv (issue 6), verification excluded"
     result = {
-        "id": ID, "name": NAME, "title": TITLE,
+        "id": ID,
+        "name": NAME,
+        "title": TITLE,
         "data": f"{n} crops 256x256 (memory-mapped .npy, {n * data.CROP_BYTES / 2**30:.1f} GiB) -> rgb_image jpg q90 "
-                f"+ int label; {ctx.cores} workers" + (f"; snakemake_partitions: partitions: {partitions}" if partitions
-                                                       else "; no partitions in this tree"),
+        f"+ int label; {ctx.cores} workers"
+        + (f"; snakemake_partitions: partitions: {partitions}" if partitions else "; no partitions in this tree"),
         "sides": summarise(ctx, rounds, sides),
         "ratios": ratios,
         "targets": [target(goal, r["of"], "<=", 1.0, r["median"]) for r in ratios],
@@ -79,8 +114,10 @@ def notes(result: dict) -> list[str]:
     out = []
     for name in ("plain_ffcv", "betonbuild_write"):
         whole, inner_median = sides[name]["seconds"]["median"], median_of(result["rounds"], name, "in_process_seconds")
-        out.append(f"{name}: {whole:.2f} s whole process, of which {inner_median:.2f} s inside the write call "
-                   f"(the rest: interpreter, imports, {'the source manifest, ' if name != 'plain_ffcv' else ''}exit)")
+        out.append(
+            f"{name}: {whole:.2f} s whole process, of which {inner_median:.2f} s inside the write call "
+            f"(the rest: interpreter, imports, {'the source manifest, ' if name != 'plain_ffcv' else ''}exit)"
+        )
     for side in ("snakemake", "snakemake_partitions"):
         if result.get(f"{side}_rule_seconds"):
             jobs = ", ".join(f"{k} {v:.1f} s" for k, v in result[f"{side}_rule_seconds"].items())

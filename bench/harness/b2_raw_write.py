@@ -33,31 +33,73 @@ def run(ctx: Context) -> dict:
     built = work / "results" / "raw" / "raw.beton"
     stages, after_snakemake = stage_recorder(work)
     sides = [
-        Side("plain_ffcv", ctx.side_script("plain_write", images, labels, plain, ctx.cores, "raw"), work,
-             output=plain, before=clean(plain), after=inner_seconds, flush=True),
-        Side("betonbuild_write", ctx.betonbuild("write", "--config", "config.yaml", "--dataset", "raw", "--output",
-                                                str(ours), "--workers", str(ctx.cores)), work,
-             output=ours, before=clean(ours, work / "betonbuild.beton.write.json"), after=inner_seconds, flush=True),
+        Side(
+            "plain_ffcv",
+            ctx.side_script("plain_write", images, labels, plain, ctx.cores, "raw"),
+            work,
+            output=plain,
+            before=clean(plain),
+            after=inner_seconds,
+            flush=True,
+        ),
+        Side(
+            "betonbuild_write",
+            ctx.betonbuild(
+                "write",
+                "--config",
+                "config.yaml",
+                "--dataset",
+                "raw",
+                "--output",
+                str(ours),
+                "--workers",
+                str(ctx.cores),
+            ),
+            work,
+            output=ours,
+            before=clean(ours, work / "betonbuild.beton.write.json"),
+            after=inner_seconds,
+            flush=True,
+        ),
         Side("cp", ["cp", str(plain), str(copy)], work, output=copy, before=clean(copy), flush=True),
-        Side("snakemake", ctx.snakemake(work, "--cores", str(ctx.cores), "results/raw/raw.beton"), work,
-             output=built, before=reset_project(work), after=after_snakemake, flush=True),
+        Side(
+            "snakemake",
+            ctx.snakemake(work, "--cores", str(ctx.cores), "results/raw/raw.beton"),
+            work,
+            output=built,
+            before=reset_project(work),
+            after=after_snakemake,
+            flush=True,
+        ),
     ]
     parts_stages, after_parts = stage_recorder(work)
     if partitions:
-        sides.append(Side("snakemake_partitions", ctx.snakemake(work, "--cores", str(ctx.cores),
-                                                                "results/raw_parts/raw_parts.beton"), work,
-                          output=work / "results" / "raw_parts" / "raw_parts.beton", before=reset_project(work),
-                          after=after_parts, flush=True))
+        sides.append(
+            Side(
+                "snakemake_partitions",
+                ctx.snakemake(work, "--cores", str(ctx.cores), "results/raw_parts/raw_parts.beton"),
+                work,
+                output=work / "results" / "raw_parts" / "raw_parts.beton",
+                before=reset_project(work),
+                after=after_parts,
+                flush=True,
+            )
+        )
     rounds = alternate(ctx, NAME, sides)
-    ratios = [ratio(rounds, "betonbuild_write", "plain_ffcv"), ratio(rounds, "plain_ffcv", "cp"),
-              ratio(rounds, "betonbuild_write", "cp"),
-              ratio(rounds, "betonbuild_write", "cp", "seconds_with_flush", " (each + sync)"),
-              *(ratio(rounds, side.name, "plain_ffcv") for side in sides[3:])]
+    ratios = [
+        ratio(rounds, "betonbuild_write", "plain_ffcv"),
+        ratio(rounds, "plain_ffcv", "cp"),
+        ratio(rounds, "betonbuild_write", "cp"),
+        ratio(rounds, "betonbuild_write", "cp", "seconds_with_flush", " (each + sync)"),
+        *(ratio(rounds, side.name, "plain_ffcv") for side in sides[3:]),
+    ]
     result = {
-        "id": ID, "name": NAME, "title": TITLE,
+        "id": ID,
+        "name": NAME,
+        "title": TITLE,
         "data": f"{n} samples x (uint8 256x256x3 + int) = {n * data.CROP_BYTES / 2**30:.2f} GiB from a memory-mapped "
-                f".npy; {ctx.cores} workers" + (f"; snakemake_partitions: partitions: {partitions}" if partitions else
-                                                "; no partitions in this tree"),
+        f".npy; {ctx.cores} workers"
+        + (f"; snakemake_partitions: partitions: {partitions}" if partitions else "; no partitions in this tree"),
         "sides": summarise(ctx, rounds, sides),
         "ratios": ratios,
         "targets": [],
@@ -77,7 +119,8 @@ def run(ctx: Context) -> dict:
     ]
     for side in ("snakemake", "snakemake_partitions"):
         if result.get(f"{side}_rule_seconds"):
-            result["notes"].append(f"{side} jobs (median, summed per rule): "
-                                   + ", ".join(f"{k} {v:.1f} s" for k, v in result[f"{side}_rule_seconds"].items()))
+            result["notes"].append(
+                f"{side} jobs (median, summed per rule): "
+                + ", ".join(f"{k} {v:.1f} s" for k, v in result[f"{side}_rule_seconds"].items())
+            )
     return result
-

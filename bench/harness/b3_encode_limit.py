@@ -16,7 +16,7 @@ import json
 import numpy as np
 
 from . import data
-from .runner import Context, ContentMismatch, Side, alternate, clean, inner_seconds, median_of, ratio, summarise
+from .runner import ContentMismatch, Context, Side, alternate, clean, inner_seconds, median_of, ratio, summarise
 from .workflow import write_config
 
 ID, NAME = 3, "encode_limit"
@@ -27,10 +27,18 @@ def run(ctx: Context) -> dict:
     n = ctx.sizes["jpeg_samples"]
     images, labels = data.crops(ctx.cache / "data", n)
     work = ctx.cache / NAME
-    write_config(work, {"jpeg": {
-        "source": {"kind": "arrays", "columns": {"image": str(images), "label": str(labels)}},
-        "fields": {"image": {"type": "rgb_image", "write_mode": "jpg", "jpeg_quality": 90}, "label": {"type": "int"}},
-    }})
+    write_config(
+        work,
+        {
+            "jpeg": {
+                "source": {"kind": "arrays", "columns": {"image": str(images), "label": str(labels)}},
+                "fields": {
+                    "image": {"type": "rgb_image", "write_mode": "jpg", "jpeg_quality": 90},
+                    "label": {"type": "int"},
+                },
+            }
+        },
+    )
     ours = work / "betonbuild.beton"
 
     def encoded(record: dict, stdout: str, stderr: str) -> None:
@@ -39,16 +47,33 @@ def run(ctx: Context) -> dict:
 
     sides = [
         Side("imencode", ctx.side_script("imencode", images, ctx.cores), work, after=encoded),
-        Side("betonbuild_write", ctx.betonbuild("write", "--config", "config.yaml", "--dataset", "jpeg", "--output",
-                                                str(ours), "--workers", str(ctx.cores)), work,
-             output=ours, before=clean(ours, work / "betonbuild.beton.write.json"), after=inner_seconds),
+        Side(
+            "betonbuild_write",
+            ctx.betonbuild(
+                "write",
+                "--config",
+                "config.yaml",
+                "--dataset",
+                "jpeg",
+                "--output",
+                str(ours),
+                "--workers",
+                str(ctx.cores),
+            ),
+            work,
+            output=ours,
+            before=clean(ours, work / "betonbuild.beton.write.json"),
+            after=inner_seconds,
+        ),
     ]
     rounds = alternate(ctx, NAME, sides, check=lambda row: _same_jpeg_bytes(row, ours, n))
     whole = ratio(rounds, "imencode", "betonbuild_write")
     inner = ratio(rounds, "imencode", "betonbuild_write", "in_process_seconds", " (in-process work only)")
     limit = n / median_of(rounds, "imencode", "in_process_seconds")
     result = {
-        "id": ID, "name": NAME, "title": TITLE,
+        "id": ID,
+        "name": NAME,
+        "title": TITLE,
         "data": f"benchmark 1's {n} crops, jpg q90, {ctx.cores} processes",
         "sides": summarise(ctx, rounds, sides),
         "ratios": [whole, inner],
@@ -67,12 +92,14 @@ def run(ctx: Context) -> dict:
 
 
 def _same_jpeg_bytes(row: dict, beton_path, n: int) -> dict:
-    from betonbuild.beton import BetonFile
+    from betonbuild.beton.format import BetonFile
 
     beton = BetonFile(str(beton_path))
     stored = int(beton.image_sizes("image", np.arange(beton.num_samples)).sum())
     encoded = row["imencode"]["jpeg_bytes"]
     if beton.num_samples != n or stored != encoded:
-        raise ContentMismatch(f"cv2.imencode produced {encoded} JPEG bytes for {n} images, betonbuild's file holds "
-                              f"{stored} in {beton.num_samples} samples")
+        raise ContentMismatch(
+            f"cv2.imencode produced {encoded} JPEG bytes for {n} images, betonbuild's file holds "
+            f"{stored} in {beton.num_samples} samples"
+        )
     return {"jpeg_bytes": encoded}

@@ -18,7 +18,19 @@ the right sizes.
 from __future__ import annotations
 
 from . import data
-from .runner import ContentMismatch, Context, Side, alternate, clean, digest, median_of, ratio, spread, summarise, target
+from .runner import (
+    ContentMismatch,
+    Context,
+    Side,
+    alternate,
+    clean,
+    digest,
+    median_of,
+    ratio,
+    spread,
+    summarise,
+    target,
+)
 
 ID, NAME = 5, "merge"
 TITLE = "Merge vs cp of the same bytes"
@@ -37,17 +49,23 @@ def run(ctx: Context) -> dict:
         record.update(in_process_seconds=info["seconds"], method=info["method"])
 
     sides = [
-        Side("merge", ctx.side_script("merge", merged, *parts["parts"]), work, before=clean(merged),
-             after=merge_record),
-        Side("cp_parts", ["cp", *map(str, parts["parts"]), str(copies)], work,
-             before=lambda: (clean(copies)(), copies.mkdir())),
+        Side(
+            "merge", ctx.side_script("merge", merged, *parts["parts"]), work, before=clean(merged), after=merge_record
+        ),
+        Side(
+            "cp_parts",
+            ["cp", *map(str, parts["parts"]), str(copies)],
+            work,
+            before=lambda: (clean(copies)(), copies.mkdir()),
+        ),
         Side("cp_merged", ["cp", str(parts["reference"]), str(copy)], work, before=clean(copy)),
     ]
 
     def check(row: dict) -> dict:
         found = digest(merged, min(ctx.cores, 4))
-        sizes_ok = (copy.stat().st_size == parts["reference"].stat().st_size and
-                    sum(p.stat().st_size for p in copies.iterdir()) == sum(p.stat().st_size for p in parts["parts"]))
+        sizes_ok = copy.stat().st_size == parts["reference"].stat().st_size and sum(
+            p.stat().st_size for p in copies.iterdir()
+        ) == sum(p.stat().st_size for p in parts["parts"])
         if found != parts["digest"] or not sizes_ok:
             raise ContentMismatch(f"merge output digest {found} (expected {parts['digest']}), cp sizes ok: {sizes_ok}")
         return {"digest": found}
@@ -60,15 +78,24 @@ def run(ctx: Context) -> dict:
     gib = parts["payload_bytes"] / 2**30
     start_up = median_of(rounds, "merge", "seconds") - median_of(rounds, "merge", "in_process_seconds")
     return {
-        "id": ID, "name": NAME, "title": TITLE,
+        "id": ID,
+        "name": NAME,
+        "title": TITLE,
         "data": f"{len(parts['parts'])} parts x {parts['per_part']} samples of int + uint8[1 MiB] random bytes = "
-                f"{gib:.2f} GiB of payload",
+        f"{gib:.2f} GiB of payload",
         "sides": summarise(ctx, rounds, sides),
         "ratios": [fastest],
-        "targets": [target("merge throughput at least 0.8x of cp of the same bytes (issue 6)", fastest["of"], ">=", 0.8,
-                           fastest["median"])],
+        "targets": [
+            target(
+                "merge throughput at least 0.8x of cp of the same bytes (issue 6)",
+                fastest["of"],
+                ">=",
+                0.8,
+                fastest["median"],
+            )
+        ],
         "content": "merge output has the reference digest (= the same samples written as one file) every round; "
-                   "cp copies have the right sizes",
+        "cp copies have the right sizes",
         "rounds": rounds,
         "notes": [
             f"throughput (median, whole process): merge {gib / median_of(rounds, 'merge', 'seconds'):.2f} GiB/s, "

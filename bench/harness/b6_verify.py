@@ -17,8 +17,19 @@ from __future__ import annotations
 import json
 
 from . import data
-from .runner import ContentMismatch, Context, Side, alternate, clean, digest, inner_seconds, median_of, ratio
-from .runner import summarise, target
+from .runner import (
+    ContentMismatch,
+    Context,
+    Side,
+    alternate,
+    clean,
+    digest,
+    inner_seconds,
+    median_of,
+    ratio,
+    summarise,
+    target,
+)
 from .workflow import write_config
 
 ID, NAME = 6, "verify"
@@ -29,26 +40,67 @@ def run(ctx: Context) -> dict:
     n = ctx.sizes["verify_samples"]
     folder = data.image_folder(ctx.cache / "data", n)
     work = ctx.cache / NAME
-    write_config(work, {"crops": {
-        "source": {"kind": "image_folder", "root": str(folder)},
-        "fields": {"image": {"type": "rgb_image", "write_mode": "jpg", "jpeg_quality": 90}, "label": {"type": "int"}},
-        "verify": {"mode": "full"},
-    }})
+    write_config(
+        work,
+        {
+            "crops": {
+                "source": {"kind": "image_folder", "root": str(folder)},
+                "fields": {
+                    "image": {"type": "rgb_image", "write_mode": "jpg", "jpeg_quality": 90},
+                    "label": {"type": "int"},
+                },
+                "verify": {"mode": "full"},
+            }
+        },
+    )
     beton, report = work / "crops.beton", work / "crops.verify.json"
     sides = [
-        Side("write", ctx.betonbuild("write", "--config", "config.yaml", "--dataset", "crops", "--output", str(beton),
-                                     "--workers", str(ctx.cores)), work,
-             before=clean(beton, work / "crops.beton.write.json", work / "crops.write.json"), after=inner_seconds),
-        Side("verify", ctx.betonbuild("verify", "--config", "config.yaml", "--dataset", "crops", str(beton),
-                                      "--threads", str(ctx.cores), "--mode", "full", "--output", str(report)), work,
-             before=clean(report), after=lambda record, out, err: record.update(_report(report))),
+        Side(
+            "write",
+            ctx.betonbuild(
+                "write",
+                "--config",
+                "config.yaml",
+                "--dataset",
+                "crops",
+                "--output",
+                str(beton),
+                "--workers",
+                str(ctx.cores),
+            ),
+            work,
+            before=clean(beton, work / "crops.beton.write.json", work / "crops.write.json"),
+            after=inner_seconds,
+        ),
+        Side(
+            "verify",
+            ctx.betonbuild(
+                "verify",
+                "--config",
+                "config.yaml",
+                "--dataset",
+                "crops",
+                str(beton),
+                "--threads",
+                str(ctx.cores),
+                "--mode",
+                "full",
+                "--output",
+                str(report),
+            ),
+            work,
+            before=clean(report),
+            after=lambda record, out, err: record.update(_report(report)),
+        ),
     ]
 
     def check(row: dict) -> dict:
         found = digest(beton, min(ctx.cores, 4))
         if row["verify"]["digest"] != found or row["verify"]["mode"] != "full":
-            raise ContentMismatch(f"verify reported digest {row['verify']['digest']} in mode {row['verify']['mode']}, "
-                                  f"the file has {found}")
+            raise ContentMismatch(
+                f"verify reported digest {row['verify']['digest']} in mode {row['verify']['mode']}, "
+                f"the file has {found}"
+            )
         return {"digest": found, "verified_ok": True}
 
     rounds = alternate(ctx, NAME, sides, check=check)
@@ -56,13 +108,16 @@ def run(ctx: Context) -> dict:
     inner = ratio(rounds, "verify", "write", "in_process_seconds", " (in-process work only)")
     last = rounds[-1]["verify"]
     return {
-        "id": ID, "name": NAME, "title": TITLE,
+        "id": ID,
+        "name": NAME,
+        "title": TITLE,
         "data": f"image folder of {n} JPEG q95 crops 256x256 -> rgb_image jpg q90 + int label; {ctx.cores} "
-                "workers / threads; verify.mode full",
+        "workers / threads; verify.mode full",
         "sides": summarise(ctx, rounds, sides),
         "ratios": [share, inner],
-        "targets": [target("full verification at most the time of the write (issue 5)", share["of"], "<=", 1.0,
-                           share["median"])],
+        "targets": [
+            target("full verification at most the time of the write (issue 5)", share["of"], "<=", 1.0, share["median"])
+        ],
         "content": "every report ok, in mode full, with the file's content digest",
         "rounds": rounds,
         "notes": [
@@ -79,6 +134,11 @@ def run(ctx: Context) -> dict:
 def _report(path) -> dict:
     report = json.loads(path.read_text())
     image = next(c for c in report["checks"] if c["name"] == "variable_fields")["fields"]["image"]
-    return {"in_process_seconds": report["seconds"], "digest": report["content_digest"], "mode": report["mode"],
-            "compared": image["compared"], "jpeg_mean_abs_error_mean": image["jpeg_mean_abs_error_mean"],
-            "jpeg_mean_abs_error_max": image["jpeg_mean_abs_error_max"]}
+    return {
+        "in_process_seconds": report["seconds"],
+        "digest": report["content_digest"],
+        "mode": report["mode"],
+        "compared": image["compared"],
+        "jpeg_mean_abs_error_mean": image["jpeg_mean_abs_error_mean"],
+        "jpeg_mean_abs_error_max": image["jpeg_mean_abs_error_max"],
+    }

@@ -31,9 +31,15 @@ GOAL = "rebuild after changing 1 of 16 partitions' source at most 0.25x of the c
 def run(ctx: Context) -> dict:
     partitions = ctx.sizes["incremental_partitions"]
     if not supports_partitions(ctx.tree):
-        return {"id": ID, "name": NAME, "title": TITLE, "status": "pending", "target_text": "<= 0.25",
-                "reason": "the measured tree has no `partitions:` in its config schema yet (issue 6 is in progress), "
-                          f"so a dataset is one write job and there is no partition to change. Target: {GOAL}."}
+        return {
+            "id": ID,
+            "name": NAME,
+            "title": TITLE,
+            "status": "pending",
+            "target_text": "<= 0.25",
+            "reason": "the measured tree has no `partitions:` in its config schema yet (issue 6 is in progress), "
+            f"so a dataset is one write job and there is no partition to change. Target: {GOAL}.",
+        }
     n = ctx.sizes["incremental_samples"]
     source, pattern = data.shards(ctx.cache / "data", n, partitions)
     work = ctx.cache / NAME
@@ -44,12 +50,24 @@ def run(ctx: Context) -> dict:
     versions = [work / "original.tar", work / "mirrored.tar"]
     shutil.copyfile(changed, versions[0])
     mirror_first_image(changed, versions[1])
-    write_config(work, {"inc": {
-        "source": {"kind": "webdataset", "shards": pattern.replace(str(source), str(shards)),
-                   "keys": {"image": "jpg", "label": "cls"}, "decode": "rgb8"},
-        "fields": {"image": {"type": "rgb_image", "write_mode": "jpg", "jpeg_quality": 90}, "label": {"type": "int"}},
-        "partitions": partitions,
-    }})
+    write_config(
+        work,
+        {
+            "inc": {
+                "source": {
+                    "kind": "webdataset",
+                    "shards": pattern.replace(str(source), str(shards)),
+                    "keys": {"image": "jpg", "label": "cls"},
+                    "decode": "rgb8",
+                },
+                "fields": {
+                    "image": {"type": "rgb_image", "write_mode": "jpg", "jpeg_quality": 90},
+                    "label": {"type": "int"},
+                },
+                "partitions": partitions,
+            }
+        },
+    )
     built = work / "results" / "inc" / "inc.beton"
     state = {"version": 0}
     digests: dict[int, str] = {}
@@ -69,18 +87,31 @@ def run(ctx: Context) -> dict:
         return hook
 
     sides = [
-        Side("clean", ctx.snakemake(work, "--cores", str(ctx.cores), "all"), work, output=built,
-             before=reset_project(work), after=after(clean_after)),
-        Side("incremental", ctx.snakemake(work, "--cores", str(ctx.cores), "all"), work, output=built, before=toggle,
-             after=after(inc_after)),
+        Side(
+            "clean",
+            ctx.snakemake(work, "--cores", str(ctx.cores), "all"),
+            work,
+            output=built,
+            before=reset_project(work),
+            after=after(clean_after),
+        ),
+        Side(
+            "incremental",
+            ctx.snakemake(work, "--cores", str(ctx.cores), "all"),
+            work,
+            output=built,
+            before=toggle,
+            after=after(inc_after),
+        ),
     ]
 
     def check(row: dict) -> dict:
         for side in ("clean", "incremental"):
             version, found = row[side]["version"], row[side]["digest"]
             if digests.setdefault(version, found) != found:
-                raise ContentMismatch(f"state {version}: {side} build has digest {found}, "
-                                      f"another build {digests[version]}")
+                raise ContentMismatch(
+                    f"state {version}: {side} build has digest {found}, another build {digests[version]}"
+                )
         if len(set(digests.values())) != len(digests):
             raise ContentMismatch("changing the shard did not change the content digest")
         return {"digest_by_state": dict(digests)}
@@ -89,14 +120,16 @@ def run(ctx: Context) -> dict:
     share = ratio(rounds, "incremental", "clean")
     jobs = rounds[-1]["incremental"]["jobs"]
     return {
-        "id": ID, "name": NAME, "title": TITLE,
+        "id": ID,
+        "name": NAME,
+        "title": TITLE,
         "data": f"{partitions} WebDataset shards, {n} JPEG q90 crops -> rgb_image jpg q90 + int label, "
-                f"partitions: {partitions}; shard {changed.name} alternates between two versions",
+        f"partitions: {partitions}; shard {changed.name} alternates between two versions",
         "sides": summarise(ctx, rounds, sides),
         "ratios": [share],
         "targets": [target(GOAL, share["of"], "<=", 0.25, share["median"])],
         "content": "for each shard version, the clean and the incremental build have the same content digest; the "
-                   "two versions' digests differ",
+        "two versions' digests differ",
         "rounds": rounds,
         "notes": [
             "jobs the incremental build ran: " + ", ".join(f"{k} {v}" for k, v in jobs.items()),

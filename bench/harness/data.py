@@ -8,7 +8,7 @@ JPEG encode and decode times depend on image content, and noise or flat colour w
 - ``crops(n)``: a ``.npy`` of n x 256 x 256 x 3 uint8 (read memory-mapped) + labels ``.npy``;
 - ``shards(n, k)``: the same kind of crops as k WebDataset shards (JPEG q90 ``jpg`` + ``cls``);
 - ``image_folder(n)``: ``root/<photo>/<k>.jpg`` (JPEG q95, one class per photograph);
-- ``merge_parts(parts, mib)``: part files written by plain ffcv, as ``betonbuild.merge`` receives them.
+- ``merge_parts(parts, mib)``: part files written by plain ffcv, as ``betonbuild.beton.merge`` receives them.
 
 Each is written to a temporary name, then renamed; a ``spec.json`` records what was asked for,
 so a change of size regenerates it.
@@ -21,8 +21,8 @@ import io
 import json
 import math
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -164,7 +164,7 @@ def merge_parts(root: Path, parts: int, part_mib: int, sample_bytes: int = 1 << 
     from ffcv.fields import IntField, NDArrayField
     from ffcv.writer import DatasetWriter
 
-    from betonbuild.merge import merge_betons
+    from betonbuild.beton.merge import merge_betons
 
     from .runner import digest
 
@@ -172,8 +172,12 @@ def merge_parts(root: Path, parts: int, part_mib: int, sample_bytes: int = 1 << 
     directory = root / f"merge-{parts}x{per_part}-{seed}"
     spec = {"kind": "merge_parts", "parts": parts, "per_part": per_part, "sample_bytes": sample_bytes, "seed": seed}
     paths = [directory / f"part{k}.beton" for k in range(parts)]
-    info = {"parts": paths, "reference": directory / "reference.beton", "per_part": per_part,
-            "payload_bytes": parts * per_part * sample_bytes}
+    info = {
+        "parts": paths,
+        "reference": directory / "reference.beton",
+        "per_part": per_part,
+        "payload_bytes": parts * per_part * sample_bytes,
+    }
     if _ready(directory, spec):
         info["digest"] = json.loads((directory / "digest.json").read_text())["digest"]
         return info

@@ -20,15 +20,23 @@ PACKAGES = ("ffcv", "numpy", "opencv-python", "snakemake", "webdataset", "torch"
 
 def machine() -> dict:
     mem_kib = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    model = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?"
+    )
     versions = {}
     for package in PACKAGES:
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
-    return {"cores": len(os.sched_getaffinity(0)), "cpu_model": model, "ram_gib": round(mem_kib / 2**20, 1),
-            "kernel": platform.release(), "python": platform.python_version(), "versions": versions}
+    return {
+        "cores": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "ram_gib": round(mem_kib / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "versions": versions,
+    }
 
 
 def load_json(path: Path) -> dict:
@@ -51,26 +59,34 @@ def _met(value) -> str:
 
 def table(results: dict) -> list[str]:
     """One row per measured ratio (or per pending benchmark): the summary a reader looks at first."""
-    lines = ["| # | benchmark | ratio | median of per-pair ratios (min-max) | target | met | load1 during runs |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| # | benchmark | ratio | median of per-pair ratios (min-max) | target | met | load1 during runs |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for entry in results["benchmarks"].values():
         load = entry.get("load1")
         load_text = f"{load['min']:.1f}-{load['max']:.1f}" if load else ""
         if entry.get("status") != "measured":
-            lines.append(f"| {entry['id']} | {entry['title']} | | | {entry.get('target_text', '')} | "
-                         f"{entry.get('status', 'pending')} | |")
+            lines.append(
+                f"| {entry['id']} | {entry['title']} | | | {entry.get('target_text', '')} | "
+                f"{entry.get('status', 'pending')} | |"
+            )
             continue
         targets = {t["of"]: t for t in entry.get("targets", [])}
         for r in entry.get("ratios", []):
             t = targets.get(r["of"])
             goal = f"{t['op']} {t['value']}" if t else "report only"
-            lines.append(f"| {entry['id']} | {entry['title']} | {r['of']} | **{r['median']:.2f}** "
-                         f"({r['min']:.2f}-{r['max']:.2f}) | {goal} | {_met(t['met']) if t else '-'} | {load_text} |")
+            lines.append(
+                f"| {entry['id']} | {entry['title']} | {r['of']} | **{r['median']:.2f}** "
+                f"({r['min']:.2f}-{r['max']:.2f}) | {goal} | {_met(t['met']) if t else '-'} | {load_text} |"
+            )
         for t in entry.get("targets", []):
             if t["of"] not in {r["of"] for r in entry.get("ratios", [])}:
                 measured = "" if t["measured"] is None else f"**{t['measured']:g}**"
-                lines.append(f"| {entry['id']} | {entry['title']} | {t['of']} | {measured} | {t['op']} {t['value']} | "
-                             f"{_met(t['met'])} | {load_text} |")
+                lines.append(
+                    f"| {entry['id']} | {entry['title']} | {t['of']} | {measured} | {t['op']} {t['value']} | "
+                    f"{_met(t['met'])} | {load_text} |"
+                )
     return lines
 
 
@@ -79,22 +95,35 @@ def details(entry: dict) -> list[str]:
     if entry.get("status") != "measured":
         lines += [f"**{entry.get('status', 'pending')}**: {entry.get('reason', '')}", ""]
         return lines
-    lines += [f"Measured {entry['measured_at']} by `{entry['command']}` ({entry['duration_s']:.0f} s), tree "
-              f"`{entry['tree']}`, {entry['pairs']} timed rounds after one warm-up round.", "",
-              f"Data: {entry['data']}.", ""]
-    lines += ["| side | command | wall s median (min-max) | CPU s | peak RSS MiB | load1 | other cores |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        f"Measured {entry['measured_at']} by `{entry['command']}` ({entry['duration_s']:.0f} s), tree "
+        f"`{entry['tree']}`, {entry['pairs']} timed rounds after one warm-up round.",
+        "",
+        f"Data: {entry['data']}.",
+        "",
+    ]
+    lines += [
+        "| side | command | wall s median (min-max) | CPU s | peak RSS MiB | load1 | other cores |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, stats in entry["sides"].items():
-        lines.append(f"| {name} | `{stats['command']}` | {_seconds(stats)} | {stats['cpu_seconds']:.1f} | "
-                     f"{stats['max_rss_mib']} | {stats['load1']['median']:.1f} | {stats['other_cores']['median']:.2f} |")
+        lines.append(
+            f"| {name} | `{stats['command']}` | {_seconds(stats)} | {stats['cpu_seconds']:.1f} | "
+            f"{stats['max_rss_mib']} | {stats['load1']['median']:.1f} | {stats['other_cores']['median']:.2f} |"
+        )
     lines.append("")
     for r in entry.get("ratios", []):
-        quiet = (f"; the {r['quiet_pairs']} pairs during which the rest of the machine used < 0.3 cores: median "
-                 f"{r['quiet_median']:.2f}" if r.get("quiet_pairs") else "; no pair ran on a quiet machine")
+        quiet = (
+            f"; the {r['quiet_pairs']} pairs during which the rest of the machine used < 0.3 cores: median "
+            f"{r['quiet_median']:.2f}"
+            if r.get("quiet_pairs")
+            else "; no pair ran on a quiet machine"
+        )
         lines.append(f"- `{r['of']}` per pair: {', '.join(f'{x:.2f}' for x in r['per_pair'])}{quiet}.")
     for t in entry.get("targets", []):
-        lines.append(f"- Target: {t['text']}: `{t['of']}` {t['op']} {t['value']}; measured {t['measured']}: "
-                     f"{_met(t['met'])}.")
+        lines.append(
+            f"- Target: {t['text']}: `{t['of']}` {t['op']} {t['value']}; measured {t['measured']}: {_met(t['met'])}."
+        )
     lines.append(f"- Content: {entry['content']}.")
     lines += [f"- {note}" for note in entry.get("notes", [])]
     lines.append("")

@@ -23,9 +23,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -72,8 +72,16 @@ class Context:
         return [str(BIN / "betonbuild"), *args]
 
     def snakemake(self, workdir: Path, *args: str) -> list[str]:
-        return [str(BIN / "snakemake"), "-s", str(self.tree / "Snakefile"), "-d", str(workdir),
-                "--configfile", str(workdir / "config.yaml"), *args]
+        return [
+            str(BIN / "snakemake"),
+            "-s",
+            str(self.tree / "Snakefile"),
+            "-d",
+            str(workdir),
+            "--configfile",
+            str(workdir / "config.yaml"),
+            *args,
+        ]
 
     def show(self, command: list[str]) -> str:
         """A command as RESULTS.md prints it: $CACHE for the cache, $TREE for the measured source tree."""
@@ -117,12 +125,18 @@ def measure(command: list[str], cwd: Path, env: dict, log: Path) -> tuple[dict, 
     timed = json.loads(subprocess.run(timer, env=env, capture_output=True, text=True, check=True).stdout)
     busy = busy_cpu_seconds() - busy_before
     if timed["exit"] != 0:
-        raise RuntimeError(f"{shlex.join(command)} failed (exit {timed['exit']}) in {cwd}; "
-                           f"stderr ({err}):\n{err.read_text()[-4000:]}")
+        raise RuntimeError(
+            f"{shlex.join(command)} failed (exit {timed['exit']}) in {cwd}; stderr ({err}):\n{err.read_text()[-4000:]}"
+        )
     seconds, cpu = timed["seconds"], timed["cpu_seconds"]
-    record = {"seconds": round(seconds, 3), "cpu_seconds": round(cpu, 2),
-              "max_rss_mib": round(timed["max_rss_kib"] / 1024), "load1": round(load1, 2),
-              "other_cores": round(max(0.0, busy - cpu) / seconds, 2), "started_at": started_at}
+    record = {
+        "seconds": round(seconds, 3),
+        "cpu_seconds": round(cpu, 2),
+        "max_rss_mib": round(timed["max_rss_kib"] / 1024),
+        "load1": round(load1, 2),
+        "other_cores": round(max(0.0, busy - cpu) / seconds, 2),
+        "started_at": started_at,
+    }
     return record, out.read_text(), err.read_text()
 
 
@@ -156,9 +170,9 @@ def inner_seconds(record: dict, stdout: str, stderr: str) -> None:
 
 
 def digest(path: Path, threads: int = 2) -> str:
-    """The content digest (betonbuild.digest): same samples, same fields => same digest, whatever the layout."""
-    from betonbuild.beton import BetonFile
-    from betonbuild.digest import content_digest
+    """The content digest (betonbuild.beton.digest): same samples, same fields => same digest, whatever the layout."""
+    from betonbuild.beton.digest import content_digest
+    from betonbuild.beton.format import BetonFile
 
     return content_digest(BetonFile(str(path)), threads=threads)
 
@@ -171,8 +185,14 @@ def same_digests(row: dict, sides: list[Side]) -> dict:
     return {"digest": next(iter(found.values())), "sides": sorted(found)}
 
 
-def alternate(ctx: Context, bench: str, sides: list[Side], check: Callable[[dict], dict] | None = None,
-              pairs: int | None = None, warmup: bool = True) -> list[dict]:
+def alternate(
+    ctx: Context,
+    bench: str,
+    sides: list[Side],
+    check: Callable[[dict], dict] | None = None,
+    pairs: int | None = None,
+    warmup: bool = True,
+) -> list[dict]:
     """Rounds of A B (C ...): an untimed warm-up round first, then ``pairs`` timed ones, each content-checked."""
     check = check or (lambda row: same_digests(row, sides))
     pairs = ctx.pairs if pairs is None else pairs
@@ -189,26 +209,37 @@ def alternate(ctx: Context, bench: str, sides: list[Side], check: Callable[[dict
 
 
 def spread(values: list[float], digits: int = 3) -> dict:
-    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
-            "max": round(max(values), digits)}
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }
 
 
 def side_stats(rounds: list[dict], name: str) -> dict:
     runs = [r[name] for r in rounds]
-    return {"seconds": spread([r["seconds"] for r in runs]),
-            "cpu_seconds": round(statistics.median(r["cpu_seconds"] for r in runs), 2),
-            "max_rss_mib": round(statistics.median(r["max_rss_mib"] for r in runs)),
-            "load1": spread([r["load1"] for r in runs], 2),
-            "other_cores": spread([r["other_cores"] for r in runs], 2)}
+    return {
+        "seconds": spread([r["seconds"] for r in runs]),
+        "cpu_seconds": round(statistics.median(r["cpu_seconds"] for r in runs), 2),
+        "max_rss_mib": round(statistics.median(r["max_rss_mib"] for r in runs)),
+        "load1": spread([r["load1"] for r in runs], 2),
+        "other_cores": spread([r["other_cores"] for r in runs], 2),
+    }
 
 
 def ratio(rounds: list[dict], numerator: str, denominator: str, key: str = "seconds", label: str = "") -> dict:
     """numerator / denominator time of each round (a pair run back to back): median and min-max."""
     per_pair = [r[numerator][key] / r[denominator][key] for r in rounds]
-    quiet = [x for x, r in zip(per_pair, rounds)
-             if max(r[numerator]["other_cores"], r[denominator]["other_cores"]) < QUIET]
-    return {"of": f"{numerator} / {denominator}{label}", **spread(per_pair),
-            "per_pair": [round(x, 3) for x in per_pair], "quiet_pairs": len(quiet), "quiet_median": round(statistics.median(quiet), 3) if quiet else None}
+    quiet = [
+        x for x, r in zip(per_pair, rounds) if max(r[numerator]["other_cores"], r[denominator]["other_cores"]) < QUIET
+    ]
+    return {
+        "of": f"{numerator} / {denominator}{label}",
+        **spread(per_pair),
+        "per_pair": [round(x, 3) for x in per_pair],
+        "quiet_pairs": len(quiet),
+        "quiet_median": round(statistics.median(quiet), 3) if quiet else None,
+    }
 
 
 def target(text: str, of: str, op: str, value: float, measured: float | None) -> dict:

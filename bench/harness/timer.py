@@ -31,8 +31,16 @@ def main() -> None:
             os._exit(127)
     _, status, usage = os.wait4(pid, 0)
     seconds = time.monotonic() - started
-    print(json.dumps({"seconds": seconds, "exit": os.waitstatus_to_exitcode(status),
-                      "cpu_seconds": usage.ru_utime + usage.ru_stime, "max_rss_kib": usage.ru_maxrss}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "exit": os.waitstatus_to_exitcode(status),
+                "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                "max_rss_kib": usage.ru_maxrss,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,588 @@
+"""Joins part .beton files into one standard .beton that plain ``ffcv.Loader`` reads: a byte-level merge.
+
+FFCV writes one file from one process tree. betonbuild writes a dataset as several independent
+parts (parallel jobs, possibly on many nodes) and joins them here without decoding anything.
+
+Output layout (the .beton layout is described in ``betonbuild.beton.format``)::
+
+    header            num_samples = sum over parts, alloc_table_ptr = where the table below starts
+    descriptors       the parts' descriptors, which must be byte-identical
+    metadata          every part's metadata table in part order, pointer columns shifted
+    (zeros)           up to the next page boundary
+    data regions      part 0's pages, part 1's pages, ... each starting on a page boundary
+    allocation table  every part's table in part order, ptr shifted, sample_id offset
+
+A part's data region runs from its first page boundary after its metadata up to its allocation
+table. ffcv always writes whole pages, so that is a whole number of pages; should it not be, the
+region is padded with zeros to a whole page before the next part. Each region lands on a page
+boundary of the output, so every pointer moves by a multiple of ``page_size`` and ffcv's page
+arithmetic (``ptr >> log2(page_size)``, page p read at ``p * page_size``) stays valid. A file with
+no data pages at all (only int/float fields) keeps its allocation table right after the metadata,
+as ffcv itself writes it, so merging a single part reproduces that part byte for byte.
+
+Data regions are copied with ``os.copy_file_range`` (reflinked on XFS/btrfs/bcachefs/ZFS, copied on
+the server by NFS 4.2/SMB/Ceph, an in-kernel splice copy elsewhere) and, where the kernel or
+filesystem refuses it (EXDEV, ENOSYS, EINVAL, EOPNOTSUPP...), with a buffered pread/pwrite loop.
+Regions are written in file order; the page padding between them is left as holes (zeros). The
+output depends only on the bytes and the order of the parts: same parts, same order => same sha256.
+
+Refused, with a ``MergeError`` naming the part and what differs: a different format version (or a
+version other than 2), page size, number of fields or field descriptor (type, name or arguments such
+as an ndarray's dtype/shape); an allocation table pointer of 0 (a writer that never finished); a
+truncated or inconsistent part; and custom fields (type id 255) whose pointer columns are unknown.
+
+Custom fields (type id 255, any Field class that is not exactly one of ffcv's built-ins): the merge
+must know which metadata columns hold file offsets. Declare them on the Field class and pass the
+class by field name::
+
+    class BoxesField(ffcv.fields.Field):
+        betonbuild_pointer_columns = ("ptr",)   # names in metadata_type; "" = the whole column
+        ...                                      # () = this field stores no file offsets
+
+    merge_betons(parts, target, custom_classes={"boxes": BoxesField})
+
+The metadata dtype is taken from ``Class.from_binary(arguments).metadata_type``, as ffcv's Reader
+does. Every declared column must be an 8-byte integer, and every value in it is treated as an
+absolute file offset into the part's data region (it is checked to lie there, then shifted).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from betonbuild.atomic import atomic_path
+from betonbuild.beton.format import (
+    ALLOC_TABLE_TYPE,
+    FIELD_DESC_TYPE,
+    FORMAT_VERSION,
+    HEADER_TYPE,
+    METADATA_TYPES,
+    TYPE_NAMES,
+)
+from betonbuild.errors import MergeError
+
+POINTER_COLUMNS_ATTRIBUTE = "betonbuild_pointer_columns"
+WHOLE_COLUMN = ""
+CUSTOM_TYPE_ID = 255
+# Metadata columns of ffcv's built-in fields that hold absolute file offsets.
+BUILTIN_POINTER_COLUMNS: dict[int, tuple[str, ...]] = {
+    0: (),  # float
+    1: (),  # int
+    2: ("data_ptr",),  # rgb_image: packed {mode u1, width <u2, height <u2, data_ptr <u8}
+    3: ("ptr",),  # bytes
+    4: (WHOLE_COLUMN,),  # ndarray
+    5: ("ptr",),  # json
+    6: (WHOLE_COLUMN,),  # torch_tensor
+}
+METHODS = ("auto", "copy_file_range", "buffered")
+COPY_CHUNK = 1 << 30  # bytes per copy_file_range call (the kernel copies at most ~2 GiB per call)
+BUFFER_SIZE = 128 << 10  # GNU cp's buffer size; small enough to stay in the CPU's L2 cache
+# copy_file_range refusals that mean "not here", not "broken": fall back to a buffered copy.
+_FALLBACK_ERRNOS = {
+    getattr(errno, name)
+    for name in ("EXDEV", "ENOSYS", "EINVAL", "EOPNOTSUPP", "ENOTSUP", "EBADF", "ETXTBSY", "EPERM")
+    if hasattr(errno, name)
+}
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+
+def _align(offset: int, page_size: int) -> int:
+    return -(-offset // page_size) * page_size
+
+
+@dataclass
+class _Column:
+    """One field's place in the metadata record and which of its sub-columns are file offsets."""
+
+    name: str
+    type_id: int
+    dtype: np.dtype
+    pointers: tuple[str, ...]
+
+
+@dataclass
+class _Part:
+    index: int
+    path: str
+    size: int
+    version: int
+    num_fields: int
+    page_size: int
+    num_samples: int
+    alloc_table_ptr: int
+    descriptors: bytes = b""
+    metadata: np.ndarray | None = None  # raw bytes (uint8), viewed as the record dtype when shifted
+    alloc_table: np.ndarray | None = None
+    data_start: int = 0
+    data_end: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"part {self.index} ({self.path})"
+
+    @property
+    def data_bytes(self) -> int:
+        return self.data_end - self.data_start
+
+
+def merge_betons(
+    parts: Sequence[str | os.PathLike],
+    target: str | os.PathLike,
+    custom_classes: Mapping[str, type] | None = None,
+    method: str = "auto",
+) -> dict[str, Any]:
+    """Merges ``parts`` (in this order) into one .beton at ``target``; returns a record of the merge.
+
+    Sample i of part k becomes sample ``sum(num_samples of parts before k) + i``. ``target`` appears
+    only when the merge succeeded (temp file + rename). ``custom_classes`` maps the name of each
+    custom (type 255) field to its Field class, which must declare ``betonbuild_pointer_columns``.
+    ``method``: "auto" (copy_file_range; the buffered loop from where the kernel refuses it),
+    "copy_file_range" (no fallback) or "buffered".
+
+    The record: num_samples, samples_per_part, page_size, size, bytes_copied, seconds, method
+    ("copy_file_range", "buffered" or "copy_file_range+buffered"), method_reason, filesystem, and
+    per part its path, first_sample, source_data_start, data_bytes, target_offset and shift.
+    """
+    started = time.monotonic()
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    if not parts:
+        raise MergeError("nothing to merge: no part files were given")
+    custom_classes = dict(custom_classes or {})
+    paths = [str(p) for p in parts]
+    target = Path(target)
+    for i, path in enumerate(paths):
+        if os.path.exists(target) and os.path.exists(path) and os.path.samefile(path, target):
+            raise MergeError(f"part {i} ({path}) is the merge target itself")
+
+    headed = [_read_header(i, path) for i, path in enumerate(paths)]
+    first = headed[0]
+    for part in headed:
+        _check_against_first(part, first)
+    columns = _columns(first, custom_classes)
+    record_type = np.dtype([(f"f{i}", c.dtype) for i, c in enumerate(columns)], align=True)
+    for part in headed:
+        _read_tables(part, record_type, columns)
+
+    page_size = first.page_size
+    num_fields = first.num_fields
+    num_samples = sum(p.num_samples for p in headed)
+    metadata_start = HEADER_TYPE.itemsize + FIELD_DESC_TYPE.itemsize * num_fields
+    metadata_end = metadata_start + record_type.itemsize * num_samples
+    data_start = _align(metadata_end, page_size)
+    padded = [_align(p.data_bytes, page_size) for p in headed]
+    total_data = sum(padded)
+    alloc_table_ptr = data_start + total_data if total_data else metadata_end
+    num_allocations = sum(len(p.alloc_table) for p in headed)
+    final_size = alloc_table_ptr + ALLOC_TABLE_TYPE.itemsize * num_allocations
+
+    # Shift every part's pointers to where its region lands; offset its sample ids.
+    metadata_blocks, alloc_blocks, part_records = [], [], []
+    region_offset, sample_offset = data_start, 0
+    for part, region in zip(headed, padded):
+        shift = region_offset - part.data_start  # >= 0 and a multiple of page_size
+        metadata = part.metadata.copy().view(record_type)
+        for i, column in enumerate(columns):
+            for sub in column.pointers:
+                values = metadata[f"f{i}"] if sub == WHOLE_COLUMN else metadata[f"f{i}"][sub]
+                values += values.dtype.type(shift)
+        table = part.alloc_table.copy()
+        table["ptr"] += np.uint64(shift)
+        table["sample_id"] += np.uint64(sample_offset)
+        metadata_blocks.append(metadata.view(np.uint8))
+        alloc_blocks.append(table)
+        part_records.append(
+            {
+                "path": part.path,
+                "num_samples": part.num_samples,
+                "first_sample": sample_offset,
+                "source_data_start": part.data_start,
+                "data_bytes": part.data_bytes,
+                "target_offset": region_offset,
+                "shift": shift,
+                "allocations": len(part.alloc_table),
+            }
+        )
+        region_offset += region
+        sample_offset += part.num_samples
+
+    header = np.zeros(1, dtype=HEADER_TYPE)
+    header["version"] = FORMAT_VERSION
+    header["num_fields"] = num_fields
+    header["page_size"] = page_size
+    header["num_samples"] = num_samples
+    header["alloc_table_ptr"] = alloc_table_ptr
+    head = b"".join([header.tobytes(), first.descriptors, *(b.tobytes() for b in metadata_blocks)])
+    assert len(head) == metadata_end
+    table_bytes = b"".join(t.tobytes() for t in alloc_blocks)
+
+    with atomic_path(target) as tmp:
+        copier = _Copier(method, target.parent)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            try:
+                # Written in file order, as appends; page padding is skipped and stays a hole (zeros).
+                _pwrite_all(fd, head, 0)
+                for part, record in zip(headed, part_records):
+                    if part.data_bytes:
+                        copier.copy(part, fd, record["target_offset"])
+                _pwrite_all(fd, table_bytes, alloc_table_ptr)
+                if os.fstat(fd).st_size < final_size:  # an empty table after a padded last page
+                    os.ftruncate(fd, final_size)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if exc.errno in _DISK_FULL_ERRNOS:
+                raise MergeError(
+                    f"cannot write {target}: {os.strerror(exc.errno)} (the merged file needs {final_size} bytes)"
+                ) from exc
+            raise
+        if os.path.getsize(tmp) != final_size:
+            raise MergeError(f"{target}: wrote {os.path.getsize(tmp)} bytes, expected {final_size}")
+
+    return {
+        "target": str(target),
+        "num_parts": len(headed),
+        "num_samples": num_samples,
+        "samples_per_part": [p.num_samples for p in headed],
+        "page_size": page_size,
+        "num_fields": num_fields,
+        "data_start": data_start,
+        "alloc_table_ptr": alloc_table_ptr,
+        "size": final_size,
+        "bytes_copied": copier.bytes_copied,
+        "method": copier.method_used,
+        "method_reason": copier.fallback_reason,
+        "filesystem": copier.filesystem,
+        "seconds": round(time.monotonic() - started, 3),
+        "parts": part_records,
+    }
+
+
+def _read_header(index: int, path: str) -> _Part:
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            raw = fh.read(HEADER_TYPE.itemsize)
+    except OSError as exc:
+        raise MergeError(f"part {index} ({path}): cannot read it: {exc.strerror or exc}") from exc
+    if len(raw) < HEADER_TYPE.itemsize:
+        raise MergeError(f"part {index} ({path}): {size} bytes is too small for a .beton header")
+    header = np.frombuffer(raw, dtype=HEADER_TYPE)[0]
+    return _Part(
+        index=index,
+        path=path,
+        size=size,
+        version=int(header["version"]),
+        num_fields=int(header["num_fields"]),
+        page_size=int(header["page_size"]),
+        num_samples=int(header["num_samples"]),
+        alloc_table_ptr=int(header["alloc_table_ptr"]),
+    )
+
+
+def _check_against_first(part: _Part, first: _Part) -> None:
+    """Version, completeness, page size and descriptors: refused with the exact difference."""
+    if part.version != first.version:
+        raise MergeError(
+            f"{part.label}: format version {part.version} differs from {first.label}: version {first.version}"
+        )
+    if part.version != FORMAT_VERSION:
+        raise MergeError(f"{part.label}: format version {part.version}; only version {FORMAT_VERSION} can be merged")
+    if part.alloc_table_ptr == 0:
+        raise MergeError(
+            f"{part.label}: allocation table pointer is 0: the writer of this part never finished "
+            "(crashed or killed mid-write); write the part again"
+        )
+    if part.page_size == 0 or part.page_size & (part.page_size - 1):
+        raise MergeError(f"{part.label}: page size {part.page_size} is not a power of two")
+    if part.page_size != first.page_size:
+        raise MergeError(
+            f"{part.label}: page size {part.page_size} differs from {first.label}: page size {first.page_size}; "
+            "write every part with the same writer.page_size"
+        )
+    if part.num_fields != first.num_fields:
+        raise MergeError(f"{part.label}: {part.num_fields} fields differ from {first.label}: {first.num_fields} fields")
+    end = HEADER_TYPE.itemsize + FIELD_DESC_TYPE.itemsize * part.num_fields
+    if part.num_fields == 0 or end > part.size:
+        raise MergeError(f"{part.label}: {part.num_fields} field descriptors do not fit in its {part.size} bytes")
+    with open(part.path, "rb") as fh:
+        fh.seek(HEADER_TYPE.itemsize)
+        part.descriptors = fh.read(end - HEADER_TYPE.itemsize)
+    if part is first or part.descriptors == first.descriptors:
+        return
+    mine = np.frombuffer(part.descriptors, dtype=FIELD_DESC_TYPE)
+    theirs = np.frombuffer(first.descriptors, dtype=FIELD_DESC_TYPE)
+    for j, (a, b) in enumerate(zip(mine, theirs)):
+        if bytes(a["name"]) != bytes(b["name"]):
+            what = f"is named {_field_name(a)!r} where {first.label} has {_field_name(b)!r}"
+        elif a["type_id"] != b["type_id"]:
+            what = f"{_field_name(a)!r} has type {_type_name(a)} where {first.label} has type {_type_name(b)}"
+        elif bytes(a["arguments"]) != bytes(b["arguments"]):
+            what = (
+                f"{_field_name(a)!r} ({_type_name(a)}) has different arguments from {first.label} "
+                "(for ndarray/torch_tensor: a different dtype or shape)"
+            )
+        else:
+            continue
+        raise MergeError(f"{part.label}: field {j} {what}; every part must be written with the same fields")
+    raise MergeError(f"{part.label}: field descriptors differ from {first.label}")  # pragma: no cover
+
+
+def _field_name(desc) -> str:
+    raw = bytes(desc["name"]).split(b"\0", 1)[0]
+    return raw.decode("ascii", errors="backslashreplace")
+
+
+def _type_name(desc) -> str:
+    type_id = int(desc["type_id"])
+    return f"{TYPE_NAMES.get(type_id, 'unknown')} ({type_id})"
+
+
+def _columns(first: _Part, custom_classes: Mapping[str, type]) -> list[_Column]:
+    columns = []
+    for j, desc in enumerate(np.frombuffer(first.descriptors, dtype=FIELD_DESC_TYPE)):
+        name, type_id = _field_name(desc), int(desc["type_id"])
+        if type_id in METADATA_TYPES:
+            columns.append(_Column(name, type_id, METADATA_TYPES[type_id], BUILTIN_POINTER_COLUMNS[type_id]))
+        elif type_id == CUSTOM_TYPE_ID:
+            columns.append(_custom_column(first, j, name, desc, custom_classes))
+        else:
+            raise MergeError(f"{first.label}: field {j} {name!r} has unknown type id {type_id}")
+    return columns
+
+
+def _custom_column(first: _Part, j: int, name: str, desc, custom_classes: Mapping[str, type]) -> _Column:
+    where = f"custom field {j} {name!r} (type id 255)"
+    cls = custom_classes.get(name)
+    if cls is None:
+        raise MergeError(
+            f"{first.label}: {where}: pass its Field class as custom_classes={{{name!r}: YourField}}; "
+            "the merge must know its metadata layout and which columns are file offsets"
+        )
+    declared = getattr(cls, POINTER_COLUMNS_ATTRIBUTE, None)
+    if declared is None:
+        raise MergeError(
+            f"{first.label}: {where}: {cls.__name__} does not declare which metadata columns are file "
+            f'offsets, so they cannot be shifted; add `{POINTER_COLUMNS_ATTRIBUTE} = ("ptr",)` '
+            '(the column names of its metadata_type, "" for the whole column, () for none) to the class'
+        )
+    try:
+        dtype = np.dtype(cls.from_binary(desc["arguments"]).metadata_type)
+    except Exception as exc:  # noqa: BLE001 - a user's class: report whatever it raised
+        raise MergeError(
+            f"{first.label}: {where}: {cls.__name__}.from_binary(...).metadata_type failed: {exc}"
+        ) from exc
+    if isinstance(declared, str) or not all(isinstance(c, str) for c in declared):
+        raise MergeError(f"{where}: {cls.__name__}.{POINTER_COLUMNS_ATTRIBUTE} must be a tuple of column names")
+    for sub in declared:
+        if sub == WHOLE_COLUMN:
+            if dtype.names is not None:
+                raise MergeError(f'{where}: "" (whole column) declared but its metadata_type has columns {dtype.names}')
+            column_type = dtype
+        elif dtype.names is None or sub not in dtype.names:
+            raise MergeError(f"{where}: declared pointer column {sub!r} is not in its metadata_type {dtype}")
+        else:
+            column_type = dtype[sub]
+        if column_type.kind not in "ui" or column_type.itemsize != 8 or column_type.shape:
+            raise MergeError(
+                f"{where}: pointer column {sub!r} has type {column_type}; file offsets must be 8-byte integers"
+            )
+    return _Column(name, CUSTOM_TYPE_ID, dtype, tuple(declared))
+
+
+def _read_tables(part: _Part, record_type: np.dtype, columns: list[_Column]) -> None:
+    """Reads metadata and allocation table (bounds-checked) and checks every pointer lies in the data region."""
+    metadata_start = HEADER_TYPE.itemsize + FIELD_DESC_TYPE.itemsize * part.num_fields
+    metadata_bytes = record_type.itemsize * part.num_samples
+    metadata_end = metadata_start + metadata_bytes
+    if not metadata_end <= part.alloc_table_ptr <= part.size:
+        raise MergeError(
+            f"{part.label}: truncated or corrupt: {part.num_samples} samples of metadata end at byte {metadata_end}, "
+            f"the allocation table pointer is {part.alloc_table_ptr}, the file has {part.size} bytes"
+        )
+    table_bytes = part.size - part.alloc_table_ptr
+    if table_bytes % ALLOC_TABLE_TYPE.itemsize:
+        raise MergeError(f"{part.label}: allocation table of {table_bytes} bytes is not a whole number of entries")
+    with open(part.path, "rb") as fh:
+        fh.seek(metadata_start)
+        part.metadata = np.frombuffer(fh.read(metadata_bytes), dtype=np.uint8)
+        fh.seek(part.alloc_table_ptr)
+        part.alloc_table = np.frombuffer(fh.read(table_bytes), dtype=ALLOC_TABLE_TYPE)
+    if part.metadata.size != metadata_bytes or part.alloc_table.nbytes != table_bytes:
+        raise MergeError(f"{part.label}: the file changed size while it was being read")
+
+    part.data_start = _align(metadata_end, part.page_size)
+    part.data_end = max(part.data_start, part.alloc_table_ptr)
+    # ffcv's allocator gives a size-0 allocation made before a worker's first page the pointer
+    # data_start - page_size; such pointers are shifted like the others but are never read.
+    low, high = max(0, part.data_start - part.page_size), part.data_end
+
+    table = part.alloc_table
+    if table.size:
+        bad = table["sample_id"] >= part.num_samples
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise MergeError(
+                f"{part.label}: allocation {k} names sample {int(table['sample_id'][k])} of {part.num_samples}"
+            )
+        sized = table["size"] > 0
+        bad = np.where(
+            sized,
+            (table["ptr"] < part.data_start) | (table["ptr"] + table["size"] > part.data_end),
+            (table["ptr"] < low) | (table["ptr"] > high),
+        )
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise MergeError(
+                f"{part.label}: allocation {k} [{int(table['ptr'][k])}, +{int(table['size'][k])}) lies outside "
+                f"its data region [{part.data_start}, {part.data_end})"
+            )
+    records = part.metadata.view(record_type)
+    for i, column in enumerate(columns):
+        for sub in column.pointers:
+            values = records[f"f{i}"] if sub == WHOLE_COLUMN else records[f"f{i}"][sub]
+            bad = (values < low) | (values > high)
+            if bad.any():
+                k = int(np.argmax(bad))
+                label = column.name if sub == WHOLE_COLUMN else f"{column.name}.{sub}"
+                raise MergeError(
+                    f"{part.label}: sample {k} field {label!r} points to byte {int(values[k])}, outside its data "
+                    f"region [{part.data_start}, {part.data_end})"
+                )
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view.nbytes:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def filesystem_type(path: str | os.PathLike) -> str | None:
+    """The type of the filesystem holding ``path`` ("ext4", "xfs", "nfs4"...), from /proc/self/mountinfo."""
+    try:
+        dev = os.stat(path).st_dev
+        device = f"{os.major(dev)}:{os.minor(dev)}"
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == device and "-" in fields:
+                    return fields[fields.index("-") + 1]
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class _Copier:
+    """Copies data regions with copy_file_range, then a buffered pread/pwrite loop once it is refused."""
+
+    def __init__(self, method: str, target_dir: Path):
+        self.method = method
+        self.filesystem = filesystem_type(target_dir)
+        self.fallback_reason = None
+        if method == "buffered":
+            self.use_cfr = False
+        elif not hasattr(os, "copy_file_range"):
+            if method == "copy_file_range":
+                raise MergeError("method='copy_file_range' but os.copy_file_range is unavailable on this platform")
+            self.use_cfr, self.fallback_reason = False, "os.copy_file_range is unavailable"
+        else:
+            self.use_cfr = True
+        self.cfr_bytes = 0
+        self.buffered_bytes = 0
+        self._buffer: bytearray | None = None
+
+    @property
+    def bytes_copied(self) -> int:
+        return self.cfr_bytes + self.buffered_bytes
+
+    @property
+    def method_used(self) -> str:
+        if self.cfr_bytes and self.buffered_bytes:
+            return "copy_file_range+buffered"
+        if self.cfr_bytes or (self.use_cfr and not self.buffered_bytes):
+            return "copy_file_range"
+        return "buffered"
+
+    def copy(self, part: _Part, dst: int, dst_offset: int) -> None:
+        src_offset, remaining = part.data_start, part.data_bytes
+        src = os.open(part.path, os.O_RDONLY)
+        try:
+            while remaining and self.use_cfr:
+                try:
+                    n = os.copy_file_range(src, dst, min(remaining, COPY_CHUNK), src_offset, dst_offset)
+                except OSError as exc:
+                    if self.method == "copy_file_range" or exc.errno not in _FALLBACK_ERRNOS:
+                        raise
+                    self.use_cfr = False
+                    self.fallback_reason = f"copy_file_range: {errno.errorcode.get(exc.errno, exc.errno)}"
+                    break
+                if n == 0:  # end of the source, or a filesystem that copies nothing: the loop below decides
+                    if self.method == "copy_file_range":
+                        raise MergeError(
+                            f"{part.label}: copy_file_range stopped at byte {src_offset}, "
+                            f"{remaining} bytes before the end of its data region"
+                        )
+                    self.use_cfr = False
+                    self.fallback_reason = "copy_file_range copied 0 bytes"
+                    break
+                self.cfr_bytes += n
+                src_offset, dst_offset, remaining = src_offset + n, dst_offset + n, remaining - n
+            if remaining:
+                self._buffered(part, src, src_offset, dst, dst_offset, remaining)
+        finally:
+            os.close(src)
+
+    def _buffered(self, part: _Part, src: int, src_offset: int, dst: int, dst_offset: int, remaining: int) -> None:
+        if self._buffer is None:
+            self._buffer = bytearray(BUFFER_SIZE)
+        view = memoryview(self._buffer)
+        # No posix_fadvise(SEQUENTIAL): with it this loop was measured 2-3x slower on page-cache data.
+        while remaining:
+            n = os.preadv(src, [view[: min(remaining, BUFFER_SIZE)]], src_offset)
+            if not n:
+                raise MergeError(
+                    f"{part.label}: the file ended at byte {src_offset}, {remaining} bytes "
+                    "before the end of its data region (was it changed during the merge?)"
+                )
+            _pwrite_all(dst, view[:n], dst_offset)
+            self.buffered_bytes += n
+            src_offset, dst_offset, remaining = src_offset + n, dst_offset + n, remaining - n
+
+
+def write_empty_beton(target: str | os.PathLike, fields: Mapping[str, Any], page_size: int) -> dict[str, Any]:
+    """A valid 0-sample .beton with these ffcv fields: what DatasetWriter would write if it could.
+
+    Plain ffcv cannot write 0 samples (it asks for a 0-byte shared memory block and fails), but a
+    partition may be empty (more partitions than samples); its file then merges as contributing nothing.
+    """
+    from ffcv.types import TYPE_ID_HANDLER
+
+    type_ids = {handler: type_id for type_id, handler in TYPE_ID_HANDLER.items()}
+    descriptors = np.zeros(len(fields), dtype=FIELD_DESC_TYPE)
+    for i, (name, fld) in enumerate(fields.items()):
+        encoded = name.encode("ascii")
+        if len(encoded) > 16:
+            raise MergeError(f"field name {name!r} is longer than ffcv's 16 bytes")
+        descriptors[i]["type_id"] = type_ids.get(type(fld), CUSTOM_TYPE_ID)
+        descriptors[i]["name"][: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
+        descriptors[i]["arguments"][:] = fld.to_binary()[0]
+    header = np.zeros(1, dtype=HEADER_TYPE)
+    header["version"] = FORMAT_VERSION
+    header["num_fields"] = len(fields)
+    header["page_size"] = page_size
+    header["num_samples"] = 0
+    header["alloc_table_ptr"] = HEADER_TYPE.itemsize + descriptors.nbytes
+    with atomic_path(target) as tmp, open(tmp, "wb") as fh:
+        fh.write(header.tobytes())
+        fh.write(descriptors.tobytes())
+    return {"num_samples": 0, "page_size": page_size, "size": int(header["alloc_table_ptr"][0])}

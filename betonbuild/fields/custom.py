@@ -1,0 +1,149 @@
+"""Custom fields (ffcv type id 255): the config names a class, ``class: "pkg.module:Class"``, and ``args``.
+
+The class implements ffcv's Field interface (``metadata_type``, ``from_binary``, ``to_binary``,
+``encode``, ``get_decoder_class``); subclassing ``ffcv.fields.Field`` is the usual way, but ffcv
+only calls these methods. The writer builds ``Class(**args)``; readers register the class under
+the field's name (``BetonFile(custom_handlers=...)``, ``ffcv.reader.Reader(custom_handlers=...)``,
+``ffcv.loader.Loader(custom_fields=...)``), all from the same config (``handlers(spec)``).
+
+Verification re-encodes the source value with the class and requires the same metadata record
+and payload bytes as the file holds. Two optional methods make the report compare decoded values:
+``decode(record, payloads) -> value`` (the stored value, without the Loader; it must equal the
+source value) and ``from_loader(item) -> value`` (one item of a Loader batch, compared with
+``decode``). ``betonbuild.custom.FixedUTF8Field`` is a complete example.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from betonbuild.errors import ConfigError
+
+CLASS_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
+FIELD_METHODS = ("metadata_type", "from_binary", "to_binary", "encode", "get_decoder_class")
+ARGUMENT_BYTES = 1024  # the descriptor's argument slot
+
+
+def load_class(path: str, where: str = "class") -> type:
+    """Imports ``pkg.module:Class`` (the working directory first on sys.path); a ConfigError if it cannot."""
+    if not CLASS_PATTERN.match(path or ""):
+        raise ConfigError(where, f"{path!r} is not 'pkg.module:Class'")
+    module_name, attr = path.split(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is a config error the user must fix
+        raise ConfigError(
+            where, f"cannot import module {module_name!r} of {path}: {type(exc).__name__}: {exc}"
+        ) from None
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ConfigError(where, f"module {module_name!r} has no attribute {attr!r}")
+    if not isinstance(cls, type):
+        raise ConfigError(where, f"{path} is a {type(cls).__name__}, not a class")
+    missing = [m for m in FIELD_METHODS if not hasattr(cls, m)]
+    if missing:
+        raise ConfigError(where, f"{path} is not an ffcv Field: it lacks {', '.join(missing)}")
+    return cls
+
+
+def validate(where: str, options: dict[str, Any]) -> None:
+    """Config-time checks of a custom field: the class resolves, accepts ``args`` and describes itself."""
+    cls = load_class(options["class"], f"{where}.class")
+    try:
+        field = cls(**options["args"])
+    except Exception as exc:  # noqa: BLE001 - the user's constructor rejected the args
+        raise ConfigError(
+            f"{where}.args", f"{options['class']}(**{options['args']!r}) raised {type(exc).__name__}: {exc}"
+        ) from None
+    try:
+        metadata_type = np.dtype(field.metadata_type)
+        arguments = argument_bytes(field)
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(where, f"{options['class']} does not describe itself: {type(exc).__name__}: {exc}") from None
+    if metadata_type.hasobject:
+        raise ConfigError(where, f"{options['class']}.metadata_type {metadata_type} holds Python objects")
+    try:
+        cls.from_binary(np.frombuffer(arguments, dtype=np.uint8).copy())
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(
+            where, f"{options['class']}.from_binary cannot read its own to_binary(): {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def argument_bytes(field) -> bytes:
+    """The 1024 descriptor bytes ``to_binary`` produces (ffcv writes ``to_binary()[0]``)."""
+    data = np.asarray(field.to_binary()[0], dtype=np.uint8).reshape(-1).tobytes()
+    if len(data) != ARGUMENT_BYTES:
+        raise ValueError(f"to_binary() gave {len(data)} bytes; ffcv's descriptor holds exactly {ARGUMENT_BYTES}")
+    return data
+
+
+@cache
+def _build(class_path: str, args_json: str):
+    return load_class(class_path)(**json.loads(args_json))
+
+
+def build(field_spec) -> Any:
+    """The field instance of a custom FieldSpec (one per class and args)."""
+    return _build(field_spec.options["class"], json.dumps(field_spec.options["args"], sort_keys=True))
+
+
+def handlers(spec) -> dict[str, type]:
+    """{field name: class} of a dataset's custom fields, for Reader/Loader/BetonFile registration."""
+    return {f.name: load_class(f.options["class"]) for f in spec.fields if f.type == "custom"}
+
+
+def scratch_record(field) -> np.ndarray:
+    """A zeroed one-sample metadata destination shaped as ffcv passes it to ``encode``."""
+    return np.zeros(1, dtype=[("v", np.dtype(field.metadata_type))])
+
+
+def encode(field, value, pointers: list[int] | None = None) -> tuple[bytes, list[np.ndarray]]:
+    """(metadata record bytes, payloads) of ``value`` encoded by ``field`` into scratch memory.
+
+    Allocation j is given pointer ``pointers[j]`` (0 beyond them), so that a record holding
+    pointers can be compared byte for byte with a file's.
+    """
+    record = scratch_record(field)
+    payloads: list[np.ndarray] = []
+
+    def malloc(size):
+        size = int(size)
+        if size < 0:
+            raise ValueError(f"malloc({size})")
+        ptr = pointers[len(payloads)] if pointers and len(payloads) < len(pointers) else 0
+        payloads.append(np.zeros(size, dtype=np.uint8))
+        return ptr, payloads[-1]
+
+    field.encode(record["v"], value, malloc)
+    return record.tobytes(), payloads
+
+
+def encode_problem(field_spec, value) -> str | None:
+    """Why the custom field's ``encode`` fails on ``value``, or None if it encodes."""
+    try:
+        encode(build(field_spec), value)
+    except Exception as exc:  # noqa: BLE001 - any failure inside ffcv's worker would kill it
+        return f"{field_spec.options['class']}.encode raised {type(exc).__name__}: {exc}"
+    return None
+
+
+def values_equal(a, b) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001
+        return False

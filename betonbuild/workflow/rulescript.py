@@ -1,0 +1,65 @@
+"""Glue for the thin scripts under scripts/: logging into the rule's log, one clear error at the edge."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import multiprocessing
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+from betonbuild.config.spec import DatasetSpec
+from betonbuild.errors import BetonbuildError
+
+
+def dataset_spec(snakemake) -> DatasetSpec:
+    return DatasetSpec.from_dict(snakemake.params.spec)
+
+
+def run(snakemake, stage: Callable[[], object]) -> None:
+    """Runs ``stage`` with stdout/stderr (also of child processes) going to the rule's log.
+
+    A betonbuild error is printed once, to the log and to the console, and exits non-zero.
+    """
+    console = os.fdopen(os.dup(2), "w")
+    log = open(snakemake.log[0], "w") if snakemake.log else None
+    if log:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        stage()
+    except BetonbuildError as exc:
+        message = f"betonbuild error: {exc}"
+        if getattr(exc, "worker_traceback", None):
+            print(exc.worker_traceback, file=sys.stderr)
+        print(message, file=sys.stderr, flush=True)
+        if log:
+            print(message, file=console, flush=True)
+        sys.exit(1)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        if log:
+            print(f"unexpected error; traceback in {snakemake.log[0]}", file=console, flush=True)
+        raise
+    exit_without_teardown(console, log)
+
+
+def exit_without_teardown(*files) -> None:
+    """Ends a finished job at once: the interpreter's teardown after torch, numba and ffcv are loaded
+    takes about 0.5 s of every job and does nothing for us. Every output is already renamed into
+    place and closed. The atexit handlers (a user's adapter may have some) still run, then the
+    buffers of Python's streams, of ``files`` and of C's stdio are flushed. A job that still has a
+    child process exits normally, so that multiprocessing joins it."""
+    if multiprocessing.active_children():
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr, *files):
+        if stream is not None:
+            stream.flush()
+    ctypes.CDLL(None).fflush(None)  # output of C extensions, written with printf
+    os._exit(0)

@@ -1,0 +1,346 @@
+"""The workflow's stages as plain functions: what each Snakemake rule (and the CLI) runs.
+
+source manifest -> smoke write -> smoke verify -> full write (or part writes and their merge) ->
+full verify. Each stage reads the dataset spec and the previous stage's files and writes its outputs
+atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from betonbuild.atomic import write_json
+from betonbuild.config.spec import DatasetSpec, resolve_indices, smoke_positions
+from betonbuild.errors import MergeError, SampleError, SourceError, VerificationError
+from betonbuild.fields.custom import handlers
+from betonbuild.provenance import ffcv_build
+from betonbuild.sources import open_source, source_fingerprint
+from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
+from betonbuild.workflow.partitions import (
+    partition_bounds,
+    parts_digest,
+    plan_partitions,
+    plan_smoke,
+    rows_digest,
+    whole_order,
+)
+from betonbuild.write.failure import clear_failure, save_failure
+from betonbuild.write.preflight import inspect_samples, largest_rows
+from betonbuild.write.writer import resolve_workers, write_beton
+
+
+def make_shard_list(spec: DatasetSpec, shard_list_path: str) -> dict[str, Any]:
+    """results/{ds}/shards.json of a webdataset source (counts cached beside it, per shard)."""
+    from betonbuild.sources.webdataset import shard_list
+
+    listing = shard_list(spec, Path(shard_list_path).with_name(".shards-cache.json"))
+    write_json(shard_list_path, listing)
+    return listing
+
+
+def make_source_manifest(
+    spec: DatasetSpec, manifest_path: str, plan_parts: bool = True, smoke_path: str | None = None, log=sys.stderr
+) -> dict[str, Any]:
+    """results/{ds}/source.json: length, final sample order and a fingerprint of the inputs.
+
+    ``plan_parts=False`` (the CLI, which writes one file) plans the whole order as one part rather
+    than fingerprinting each partition's source content. ``smoke_path`` (results/{ds}/smoke.json):
+    the smoke samples and a fingerprint of exactly their content, in a file of its own so that a
+    change of the smoke settings leaves source.json, and the stages that read it, as they were."""
+    started = time.monotonic()
+    source = open_source(spec, Path(manifest_path).parent)
+    order = resolve_indices(spec.writer, len(source), spec.name)
+    # A partitioned arrays source is read once, for its parts' row digests, which then make up its
+    # fingerprint (hashing the files as well would read every byte twice)
+    by_parts = plan_parts and spec.source["kind"] == "arrays" and len(partition_bounds(spec, len(order))) > 1
+    inputs = source_fingerprint(spec, source, read_files=not by_parts)
+    parts = plan_partitions(spec, source, order, inputs) if plan_parts else [whole_order(order, inputs)]
+    if by_parts:
+        inputs["sha256"] = parts_digest(parts)
+    manifest = {
+        "dataset": spec.name,
+        "kind": spec.source["kind"],
+        "length": len(source),
+        "num_samples": int(len(order)),
+        "order_sha256": rows_digest(order),
+        "inputs": {k: v for k, v in inputs.items() if k != "file_sha256"},  # per file: too long to keep
+        "source": spec.source,
+        "partitions": parts,
+    }
+    write_json(manifest_path, manifest)
+    if smoke_path:
+        write_json(
+            smoke_path, plan_smoke(spec, source, np.unique(np.concatenate(smoke_rows(spec, source, order))), inputs)
+        )
+    print(
+        f"{spec.name}: {manifest['num_samples']} samples; {inputs['files']} input files "
+        f"({inputs['bytes'] / 2**20:,.1f} MiB) fingerprinted, {len(manifest['partitions'])} part(s) planned "
+        f"in {time.monotonic() - started:.2f} s",
+        file=log,
+        flush=True,
+    )
+    return manifest
+
+
+def smoke_samples(spec: DatasetSpec, order: np.ndarray) -> np.ndarray:
+    """Source indices of the smoke file's samples."""
+    return order[smoke_positions(len(order), spec.smoke_samples, spec.writer.seed)]
+
+
+def smoke_rows(spec: DatasetSpec, source, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Source indices of (the smoke samples, the largest samples its pre-flight also inspects)."""
+    return smoke_samples(spec, order), largest_rows(source, order)
+
+
+def shard_work_items(source, rows: np.ndarray) -> list | None:
+    """For shards: one work item per shard, so each shard is opened and read once, by one worker."""
+    if not hasattr(source, "location"):
+        return None
+    items: dict[int, list[tuple[int, int]]] = {}
+    for dest, index in enumerate(rows.tolist()):
+        items.setdefault(source.location(index)[0], []).append((dest, index))
+    return list(items.values())
+
+
+def rows_to_write(spec: DatasetSpec, source, manifest_path: str, smoke: bool, part: int | None = None) -> np.ndarray:
+    """Source index of every sample of the file: the final order, the smoke subset of it, or a part's slice."""
+    with open(manifest_path) as fh:
+        manifest = json.load(fh)
+    if len(source) != manifest["length"]:
+        raise SourceError(
+            spec.name,
+            f"the source now has {len(source)} samples but {manifest_path} recorded {manifest['length']}; "
+            "it changed during the build: run snakemake again",
+        )
+    order = resolve_indices(spec.writer, len(source), spec.name)
+    if rows_digest(order) != manifest["order_sha256"]:
+        raise SourceError(spec.name, f"the sample order differs from the one recorded in {manifest_path}")
+    if smoke:
+        return smoke_samples(spec, order)
+    if part is not None:
+        entry = manifest["partitions"][part]
+        return order[entry["start"] : entry["stop"]]
+    return order
+
+
+def build(
+    spec: DatasetSpec,
+    manifest_path: str,
+    beton_path: str,
+    record_path: str,
+    threads: int | None = None,
+    smoke: bool = False,
+    inspect_path: str | None = None,
+    part: int | None = None,
+    log=sys.stderr,
+) -> dict[str, Any]:
+    """Writes the smoke or full .beton, or one part of a partitioned one, and a record of the write
+    (its rows and the ffcv build).
+
+    The smoke stage first inspects its samples and the largest ones (``inspect_path``). A bad
+    sample is saved under ``results/{ds}/failure/`` for ``betonbuild repro``.
+    """
+    started = time.time()
+    source = open_source(spec, Path(manifest_path).parent)
+    rows = rows_to_write(spec, source, manifest_path, smoke, part)
+    # results/{ds}/failure/ (a part's file is in results/{ds}/parts/)
+    failure_dir = Path(beton_path).parents[0 if part is None else 1] / "failure"
+    stage = "smoke" if smoke else "full" if part is None else f"part {part}"
+    try:
+        if inspect_path:
+            order = rows_to_write(spec, source, manifest_path, smoke=False)
+            write_json(inspect_path, inspect_samples(spec, source, np.concatenate(smoke_rows(spec, source, order))))
+        # The smoke file and the parts are written by one worker: byte-identical across runs
+        # (a part's parallelism is the other parts' jobs), and the smoke file fails fastest.
+        workers = 1 if smoke or part is not None else resolve_workers(spec.writer.num_workers, threads)
+        record = write_beton(
+            spec,
+            source,
+            rows,
+            beton_path,
+            workers,
+            label=f"{spec.name} ({stage})",
+            log=log,
+            work_items=shard_work_items(source, rows),
+        )
+    except SampleError as exc:
+        saved = save_failure(failure_dir, spec, source, exc, stage, started)
+        exc.args = (f"{exc}\nThe failing sample is saved in {saved}; replay it with: betonbuild repro {saved}",)
+        raise
+    if part is None:  # a partitioned dataset's failure is cleared by its merge, when every part is written
+        clear_failure(failure_dir)
+    record.update(dataset=spec.name, stage=stage, rows_sha256=rows_digest(rows), provenance=ffcv_build())
+    if part is not None:
+        with open(manifest_path) as fh:
+            record.update(part=part, fingerprint=json.load(fh)["partitions"][part]["fingerprint"])
+    write_json(record_path, record)
+    return record
+
+
+def merge_parts(
+    spec: DatasetSpec,
+    manifest_path: str,
+    part_paths: list[str],
+    part_records: list[str],
+    beton_path: str,
+    record_path: str,
+    log=sys.stderr,
+) -> dict[str, Any]:
+    """Joins the part files in order into the dataset's .beton (``betonbuild.beton.merge``).
+
+    Every part must have been written for the partition the manifest now plans (same rows, same
+    source fingerprint) by the same ffcv build: a stale or foreign part is an error, never merged.
+    """
+    from betonbuild.beton.merge import merge_betons
+
+    with open(manifest_path) as fh:
+        manifest = json.load(fh)
+    planned = manifest["partitions"]
+    if len(part_paths) != len(planned):
+        raise MergeError(
+            f"dataset '{spec.name}': {len(part_paths)} part files given, the manifest plans {len(planned)}"
+        )
+    records = []
+    for index, (entry, record_file) in enumerate(zip(planned, part_records)):
+        with open(record_file) as fh:
+            record = json.load(fh)
+        for key in ("rows_sha256", "fingerprint"):
+            if record.get(key) != entry[key]:
+                raise MergeError(
+                    f"dataset '{spec.name}': part {index} ({part_paths[index]}) was written for other "
+                    f"{'rows' if key == 'rows_sha256' else 'source content'} than {manifest_path} now plans; "
+                    f"rewrite it: snakemake --forcerun write_part (or delete the file)"
+                )
+        records.append(record)
+    builds = {json.dumps(r["provenance"], sort_keys=True) for r in records}
+    if len(builds) != 1:
+        raise MergeError(f"dataset '{spec.name}': the parts were written by different ffcv builds: {sorted(builds)}")
+    merged = merge_betons(part_paths, beton_path, custom_classes=handlers(spec))
+    order = resolve_indices(spec.writer, manifest["length"], spec.name)
+    record = {
+        "dataset": spec.name,
+        "stage": "full",
+        "num_samples": merged["num_samples"],
+        "num_workers": 1,
+        "page_size": spec.writer.page_size,
+        "chunksize": spec.writer.chunksize,
+        "seconds": round(sum(r.get("seconds", 0) for r in records) + merged["seconds"], 3),
+        "rows_sha256": rows_digest(order),
+        "provenance": records[0]["provenance"],
+        "partitions": [{k: r.get(k) for k in ("part", "num_samples", "seconds", "fingerprint")} for r in records],
+        "merge": {k: v for k, v in merged.items() if k != "parts"},
+    }
+    if record["rows_sha256"] != manifest["order_sha256"]:
+        raise MergeError(f"dataset '{spec.name}': the sample order differs from the one recorded in {manifest_path}")
+    write_json(record_path, record)
+    clear_failure(Path(beton_path).parent / "failure")
+    print(
+        f"{spec.name}: merged {merged['num_parts']} parts, {merged['num_samples']} samples, "
+        f"{merged['size'] / 2**20:,.1f} MiB ({merged['method']}) in {merged['seconds']:.2f} s",
+        file=log,
+        flush=True,
+    )
+    return record
+
+
+def verify(
+    spec: DatasetSpec,
+    manifest_path: str,
+    beton_path: str,
+    record_path: str,
+    report_path: str,
+    failed_report_path: str,
+    smoke: bool = False,
+    threads: int | None = None,
+    part: int | None = None,
+    part_reports: list[str] | None = None,
+    loader: LoaderProcess | None = None,
+) -> dict[str, Any]:
+    """Writes the verification report at ``report_path`` if every check passes.
+
+    Otherwise the report is kept at ``failed_report_path`` (Snakemake deletes a failed job's outputs)
+    and a VerificationError names the worst finding. ``threads`` (the job's) compare rows in parallel.
+    A part (``part``) is verified in full; a merged file, given its parts' reports, is proven to hold
+    exactly their content, so that a rebuild of one part re-decodes that part alone. ``loader``: a
+    ``verify.start_loader_process(spec)`` the caller started earlier (else it starts here); it
+    imports ffcv in its own process meanwhile, for the Loader batch.
+    """
+    loader = loader or start_loader_process(spec, threads or 1)  # it imports ffcv while the source is opened
+    try:
+        source = open_source(spec, Path(manifest_path).parent)
+        rows = rows_to_write(spec, source, manifest_path, smoke, part)
+        with open(record_path) as fh:
+            record = json.load(fh)
+        if record.get("rows_sha256") != rows_digest(rows):
+            raise VerificationError(f"{record_path} was written for other rows than the manifest now gives")
+        with open(manifest_path) as fh:
+            manifest = json.load(fh)
+        parts = _verified_parts(spec, manifest, part_reports) if part_reports else None
+        report = verify_beton(
+            spec,
+            source,
+            rows,
+            beton_path,
+            record.get("provenance"),
+            every_variable_sample=smoke or part is not None,
+            threads=threads or 1,
+            parts=parts,
+            loader=loader,
+        )
+    finally:
+        if loader is not None:
+            loader.close()
+    report["stage"] = "smoke" if smoke else "full" if part is None else f"part {part}"
+    report["write"] = {k: record.get(k) for k in ("num_workers", "page_size", "chunksize", "seconds")}
+    whole_range = report.pop("range_digest")  # range_digest(file, 0, n), from the content digest's leaves
+    if part is not None:
+        report["part"] = {**manifest["partitions"][part], "range_digest": whole_range}
+    # What made the file: the source's fingerprint (the dataset's config is in report["config"]). The
+    # smoke file and a part are rebuilt only when their own samples change: not for every input.
+    whole_source = not smoke and part is None
+    report["source"] = {
+        k: manifest.get(k)
+        for k in ("kind", "length", "num_samples", "order_sha256", "inputs")
+        if whole_source or k != "inputs"
+    }
+    if not report["ok"]:
+        write_json(failed_report_path, report)
+        raise VerificationError(
+            f"dataset '{spec.name}': verification of {beton_path} failed: {report['worst']} "
+            f"(full report kept at {failed_report_path})"
+        )
+    write_json(report_path, report)
+    Path(failed_report_path).unlink(missing_ok=True)  # an earlier failure no longer describes this file
+    return report
+
+
+def _verified_parts(spec: DatasetSpec, manifest: dict[str, Any], part_reports: list[str]) -> list[dict[str, Any]]:
+    """The parts' verified content, each checked to be of the partition the manifest now plans."""
+    parts = []
+    for planned, path in zip(manifest["partitions"], part_reports, strict=True):
+        with open(path) as fh:
+            verified = json.load(fh)
+        if (
+            not verified.get("ok")
+            or verified.get("part", {}).get("fingerprint") != planned["fingerprint"]
+            or verified["part"].get("rows_sha256") != planned["rows_sha256"]
+        ):
+            raise VerificationError(
+                f"dataset '{spec.name}': {path} is not a passing report of the part the "
+                "manifest now plans; rerun snakemake"
+            )
+        parts.append(
+            {
+                "index": planned["index"],
+                "start": planned["start"],
+                "stop": planned["stop"],
+                "range_digest": verified["part"]["range_digest"],
+            }
+        )
+    return parts

@@ -1,0 +1,97 @@
+"""Pre-flight inspection: what the samples look like, before the full build starts.
+
+Runs in one process over the smoke samples plus the largest samples that can be found cheaply
+(image folders: by file size; array sources: every row has the same size). Every sample goes
+through the same contract as the write, and its allocations are measured against page_size, so a
+problem found here fails the smoke build in seconds with the same message the full write would give.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from betonbuild.config.spec import LARGEST_SAMPLES, DatasetSpec
+from betonbuild.fields import build_fields
+from betonbuild.write.contract import sample_to_tuple
+from betonbuild.write.writer import CheckedDataset, measure_allocations, page_fit_error
+
+
+def largest_rows(source, order: np.ndarray, k: int = LARGEST_SAMPLES) -> np.ndarray:
+    """Source indices of the k largest samples of ``order``, where the source can tell sizes cheaply."""
+    sizes = source.sample_sizes() if hasattr(source, "sample_sizes") else None
+    if sizes is None or len(order) == 0:
+        return np.array([], dtype=np.int64)
+    in_order = sizes[order]
+    if np.all(in_order == in_order[0]):
+        return np.array([], dtype=np.int64)  # all rows equal: the smoke samples already say it all
+    top = np.argsort(in_order, kind="stable")[::-1][:k]
+    return order[np.sort(top)]
+
+
+def inspect_samples(spec: DatasetSpec, source, rows: np.ndarray) -> dict[str, Any]:
+    """Checks and measures every given sample; raises the first SampleError (smallest index first)."""
+    fields = build_fields(spec)
+    checked = CheckedDataset(spec, source)
+    per_field: dict[str, dict[str, Any]] = {f.name: defaultdict(set) for f in spec.fields}
+    sizes: dict[str, list[int]] = {f.name: [] for f in spec.fields}
+    largest_total, largest_index = -1, None
+    for index in sorted(set(int(i) for i in rows)):
+        raw = checked.fetch(index)
+        mapped = sample_to_tuple(spec, raw, index)  # before conversion: the types the source returns
+        values = checked.check(raw, index)
+        allocations = measure_allocations(fields, values)
+        total = sum(allocations.values())
+        if total > spec.writer.page_size:
+            raise page_fit_error(spec, fields, values, index)
+        if total > largest_total:
+            largest_total, largest_index = total, index
+        for field, raw_value, value in zip(spec.fields, mapped, values):
+            info = per_field[field.name]
+            info["python_types"].add(type(raw_value).__module__ + "." + type(raw_value).__qualname__)
+            if hasattr(value, "dtype"):
+                info["dtypes"].add(str(value.dtype))
+            if hasattr(value, "shape"):
+                info["shapes"].add(tuple(int(s) for s in value.shape))
+            info["json_encodable"].add(_json_encodable(raw_value))
+            sizes[field.name].append(allocations[field.name] + np.dtype(fields[field.name].metadata_type).itemsize)
+    summary = {}
+    for field in spec.fields:
+        info, field_sizes = per_field[field.name], np.array(sizes[field.name])
+        shapes = sorted(info["shapes"])
+        summary[field.name] = {
+            "type": field.type,
+            "python_types": sorted(info["python_types"]),
+            "dtypes": sorted(info["dtypes"]),
+            "shape_min": list(np.min(shapes, axis=0)) if shapes and len({len(s) for s in shapes}) == 1 else None,
+            "shape_max": list(np.max(shapes, axis=0)) if shapes and len({len(s) for s in shapes}) == 1 else None,
+            "bytes": {
+                "min": int(field_sizes.min()),
+                "median": float(np.median(field_sizes)),
+                "max": int(field_sizes.max()),
+            },
+            "json_encodable": bool(info["json_encodable"]) and all(info["json_encodable"]),
+        }
+    return {
+        "dataset": spec.name,
+        "samples_inspected": len(set(int(i) for i in rows)),
+        "fields": summary,
+        "largest_sample": {
+            "index": largest_index,
+            "bytes": int(largest_total),
+            "page_size": spec.writer.page_size,
+            "fraction_of_page": round(largest_total / spec.writer.page_size, 6),
+        },
+    }
+
+
+def _json_encodable(value: Any) -> bool:
+    """Whether the source's value could be stored as a ``json`` field as it is."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return False
+    return True
