@@ -27,6 +27,8 @@ from betonbuild.errors import SampleError, SourceError
 
 
 class ArraysSource:
+    may_import_ffcv = False  # reading the source needs neither ffcv nor torch
+
     def __init__(self, spec: DatasetSpec):
         self.spec = spec
         src = spec.source
@@ -56,8 +58,18 @@ class ArraysSource:
         per_row = sum(col[0:1].nbytes for col in self.columns)
         return np.full(self.length, per_row, dtype=np.int64)
 
+    def fixed_columns(self) -> dict[str, Any]:
+        """Values of the fixed-size fields for many rows at once, indexed by source index."""
+        by_name = dict(zip(self.spec.field_names, self.columns))
+        return {f.name: by_name[f.name] for f in self.spec.fields if f.is_fixed_size}
+
+    def encoded_image(self, index: int) -> None:
+        return None
+
 
 class ImageFolderSource:
+    may_import_ffcv = False
+
     def __init__(self, spec: DatasetSpec):
         self.spec = spec
         self.root = Path(spec.source["root"])
@@ -86,6 +98,19 @@ class ImageFolderSource:
     def sample_sizes(self) -> np.ndarray:
         return np.array([os.path.getsize(f) for f in self.files], dtype=np.int64)
 
+    def fixed_columns(self) -> dict[str, Any]:
+        """The labels (the second field), indexed by source index."""
+        labels = np.array([label for _, label in self.items], dtype=np.int64)
+        return {self.spec.fields[1].name: labels}
+
+    def encoded_image(self, index: int) -> np.ndarray | None:
+        """The image file's bytes as they are on disk (None if it cannot be read)."""
+        try:
+            with open(self.files[index], "rb") as fh:
+                return np.frombuffer(fh.read(), dtype=np.uint8)
+        except OSError:
+            return None
+
 
 def list_image_folder(root: Path, extensions: list[str]) -> tuple[list[str], list[tuple[str, int]]]:
     """(classes, [(relative path, class index)]) in a stable, sorted order."""
@@ -102,6 +127,9 @@ def list_image_folder(root: Path, extensions: list[str]) -> tuple[list[str], lis
 
 
 class PythonSource:
+    # The user's code may import anything (ffcv, torch): verification then keeps the Loader batch in-process.
+    may_import_ffcv = True
+
     def __init__(self, spec: DatasetSpec):
         self.spec = spec
         factory = import_factory(spec.name, spec.source["factory"])
@@ -126,6 +154,12 @@ class PythonSource:
 
     def sample_sizes(self) -> None:
         return None  # unknown without reading every sample
+
+    def fixed_columns(self) -> dict[str, Any]:
+        return {}
+
+    def encoded_image(self, index: int) -> None:
+        return None
 
 
 def import_factory(dataset: str, factory: str):
@@ -187,16 +221,24 @@ def _ensure_workdir_importable() -> None:
 SHARD_LIST = "shards.json"
 
 
-def open_source(spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None):
-    """The dataset's source; a webdataset source also needs the shard list in ``dataset_dir``."""
+def source_class(spec: DatasetSpec) -> type:
+    """The class that reads the dataset's source kind (not opened: no file is read)."""
     kind = spec.source["kind"]
     if kind == "webdataset":
         from betonbuild.sources.webdataset import WebDatasetSource
 
+        return WebDatasetSource
+    return {"arrays": ArraysSource, "image_folder": ImageFolderSource, "python": PythonSource}[kind]
+
+
+def open_source(spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None):
+    """The dataset's source; a webdataset source also needs the shard list in ``dataset_dir``."""
+    cls = source_class(spec)
+    if spec.source["kind"] == "webdataset":
         if dataset_dir is None:
             raise ValueError("a webdataset source is opened from its shard list: give dataset_dir")
-        return WebDatasetSource(spec, Path(dataset_dir) / SHARD_LIST)
-    return {"arrays": ArraysSource, "image_folder": ImageFolderSource, "python": PythonSource}[kind](spec)
+        return cls(spec, Path(dataset_dir) / SHARD_LIST)
+    return cls(spec)
 
 
 def source_fingerprint(spec: DatasetSpec, source, read_files: bool = True) -> dict[str, Any]:

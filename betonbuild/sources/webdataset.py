@@ -537,6 +537,8 @@ def cv2_rgb8(data: bytes) -> np.ndarray | None:
 class WebDatasetSource:
     """Indexed view of the shards listed in ``shards.json`` (see the module docstring)."""
 
+    may_import_ffcv = False  # it imports webdataset (and torch), not ffcv
+
     def __init__(self, spec: DatasetSpec, shard_list_path: str | os.PathLike):
         self.spec = spec
         require_webdataset_installed(spec.name)
@@ -583,6 +585,12 @@ class WebDatasetSource:
     @_cursor.setter
     def _cursor(self, value) -> None:
         self._local.cursor = value
+
+    def fixed_columns(self) -> dict[str, Any]:
+        return {}
+
+    def encoded_image(self, index: int) -> None:
+        return None
 
     def __len__(self) -> int:
         return int(self.offsets[-1])

@@ -38,7 +38,7 @@ from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError, BetonFormatError
 from betonbuild.fields import TYPE_IDS, custom
 from betonbuild.provenance import build_differences, ffcv_build
-from betonbuild.sources import ArraysSource, ImageFolderSource, sha256_file
+from betonbuild.sources import sha256_file, source_class
 from betonbuild.write.contract import check_sample, check_value
 
 CHUNK_ROWS = 4096  # rows compared at once: bounds the memory of the vectorised comparison
@@ -358,23 +358,12 @@ class _Context:
             mode,
             fixed,
             variable,
-            _vector_columns(spec, source),
+            source.fixed_columns(),
             selected,
             task_rows,
             float(spec.verify["jpeg_mean_abs_error"]),
             {f.name: custom.build(f) for f in spec.fields if f.type == "custom"},
         )
-
-
-def _vector_columns(spec: DatasetSpec, source) -> dict[str, Any]:
-    """Fixed-size values the source can give for many rows at once (indexed by source index)."""
-    if isinstance(source, ArraysSource):
-        by_name = dict(zip(spec.field_names, source.columns))
-        return {f.name: by_name[f.name] for f in spec.fields if f.is_fixed_size}
-    if isinstance(source, ImageFolderSource):
-        labels = np.array([label for _, label in source.items], dtype=np.int64)
-        return {spec.fields[1].name: labels}
-    return {}
 
 
 def _sampled_rows(spec: DatasetSpec, n_rows: int, every: bool) -> np.ndarray:
@@ -648,7 +637,7 @@ def _content_without_ffcv(spec: DatasetSpec) -> bool:
     classes are ffcv Fields, torch_tensor values need torch, ``max_resolution`` needs ffcv's resizer;
     a ``python`` source may import anything. (Reading shards imports webdataset, and so torch, but
     not ffcv: the Loader's import and numba compile still move to the other core.)"""
-    if spec.source.get("kind") not in ("image_folder", "arrays", "webdataset"):
+    if source_class(spec).may_import_ffcv:
         return False
     return not any(
         f.type in ("custom", "torch_tensor") or (f.type == "rgb_image" and f.options["max_resolution"] is not None)
@@ -800,15 +789,13 @@ def _fast_image_rows(ctx: _Context, pos: int, index: int, tally: _Tally) -> bool
     that passes counts: any other outcome returns False and the row goes through the writer's own
     path (PIL and the sample contract), which decides.
     """
-    if not isinstance(ctx.source, ImageFolderSource):
+    data = ctx.source.encoded_image(index)
+    if data is None:
         return False
     import cv2
 
     field = ctx.variable[0][1]
-    rel, _ = ctx.source.items[index]
     try:
-        with open(os.path.join(ctx.source.root, rel), "rb") as fh:
-            data = np.frombuffer(fh.read(), dtype=np.uint8)
         rgb = tally.jpeg.decode_rgb(data, reuse=True) if data[:2].tobytes() == b"\xff\xd8" else None
         if rgb is None and data.size:
             rgb = cv2.imdecode(data, _cv2_rgb_flag() | cv2.IMREAD_IGNORE_ORIENTATION)
