@@ -117,7 +117,7 @@ PHASES_B = textwrap.dedent(
     import torch; mark("import torch")
     import webdataset; mark("import webdataset")
     import ffcv.fields, ffcv.writer; mark("import ffcv (numba JIT at import: A only)")
-    from betonbuild.config.spec import load_config_file
+    from betonbuild.config.load import load_config_file
     from betonbuild.workflow.stages import build, make_shard_list, make_source_manifest
     spec = load_config_file("config.yaml").datasets[sys.argv[2]]
     with tempfile.TemporaryDirectory() as tmp:

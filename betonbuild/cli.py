@@ -130,7 +130,7 @@ def _repro(args) -> int:
 
 
 def _dataset(config_path: str, name: str):
-    from betonbuild.config.spec import load_config_file
+    from betonbuild.config.load import load_config_file
 
     datasets = load_config_file(config_path).datasets
     if name not in datasets:
@@ -168,9 +168,9 @@ def _verify(args) -> int:
 
     spec = _dataset(args.config, args.dataset)
     if args.mode:
-        from betonbuild.config.spec import DatasetSpec
+        from betonbuild.config.load import spec_from_dict
 
-        spec = DatasetSpec.from_dict({**spec.to_dict(), "verify": {**spec.verify, "mode": args.mode}})
+        spec = spec_from_dict({**spec.to_dict(), "verify": {**spec.verify, "mode": args.mode}})
     record = args.record or _write_record(args.file)
     threads = args.threads or len(os.sched_getaffinity(0))
     loader = start_loader_process(spec, threads)  # imports ffcv in its own process while the manifest is made
@@ -225,7 +225,7 @@ def _write_record(beton_path: str) -> str:
 
 
 def _status(args) -> int:
-    from betonbuild.config.spec import load_config_file
+    from betonbuild.config.load import load_config_file
     from betonbuild.workflow.status import default_snakefile, status
 
     snakefile = args.snakefile or str(default_snakefile())

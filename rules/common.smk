@@ -9,7 +9,7 @@ from betonbuild._compat.snakemake_timers import cancel_idle_timers
 from betonbuild.provenance import installed_ffcv_build
 from betonbuild.sources import input_files
 from betonbuild.sources.webdataset import expand_shards, webdataset_installed
-from betonbuild.config.spec import SCHEMA_PATH, check_no_duplicate_keys, load_config
+from betonbuild.config.load import SCHEMA_PATH, check_no_duplicate_keys, load_config
 
 # Our own checks first: they name the dataset and key (e.g. a field name longer than 16 bytes).
 for _configfile in workflow.configfiles:

@@ -34,6 +34,7 @@ from betonbuild.beton.format import (
     jpeg_dimensions,
     structural_checks,
 )
+from betonbuild.config.load import spec_from_dict
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError, BetonFormatError
 from betonbuild.fields import TYPE_IDS, custom
@@ -1000,7 +1001,7 @@ def _loader_child() -> None:
         if failure:
             raise RuntimeError(failure)
         request = json.loads(data)
-        spec = DatasetSpec.from_dict(request["spec"])
+        spec = spec_from_dict(request["spec"])
         ok, detail = _check_loader_batch(BetonFile(request["path"], custom_handlers=custom.handlers(spec)), spec)
     except Exception as exc:  # noqa: BLE001 - as Report.run: a check that crashes is a failed check
         ok, detail = False, failure or f"{type(exc).__name__}: {exc}"

@@ -10,12 +10,13 @@ import sys
 import traceback
 from collections.abc import Callable
 
+from betonbuild.config.load import spec_from_dict
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError
 
 
 def dataset_spec(snakemake) -> DatasetSpec:
-    return DatasetSpec.from_dict(snakemake.params.spec)
+    return spec_from_dict(snakemake.params.spec)
 
 
 def run(snakemake, stage: Callable[[], object]) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from betonbuild.atomic import write_json
+from betonbuild.config.load import spec_from_dict
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import SampleError
 from betonbuild.fields import build_fields
@@ -109,7 +110,7 @@ def replay(directory: str | os.PathLike) -> tuple[tuple, dict[str, int]]:
     directory = Path(directory)
     with open(directory / FAILURE_FILE) as fh:
         record = json.load(fh)
-    spec = DatasetSpec.from_dict(record["spec"])
+    spec = spec_from_dict(record["spec"])
     index = record["index"]
     if record.get("sample_file"):
         with open(directory / record["sample_file"], "rb") as fh:

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import yaml
 
-from betonbuild.config.spec import MAX_FIELD_NAME_BYTES, SCHEMA_PATH, TORCH_DTYPES, load_config, schema
+from betonbuild.config.load import SCHEMA_PATH, load_config, schema
+from betonbuild.config.spec import MAX_FIELD_NAME_BYTES, TORCH_DTYPES
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DOC = REPO / "docs" / "configuration.md"

@@ -21,7 +21,7 @@ from conftest import make_digits_npz, make_photo_folder, run_snakemake, write_co
 
 from betonbuild.beton.digest import content_digest
 from betonbuild.beton.format import BetonFile
-from betonbuild.config.spec import load_config
+from betonbuild.config.load import load_config
 from betonbuild.custom import FixedUTF8Field
 from betonbuild.errors import ConfigError, MergeError
 from betonbuild.workflow.partitions import partition_bounds
@@ -404,7 +404,8 @@ def test_the_second_run_has_nothing_to_do(built):
 
 def smoke_inspected(workdir: Path, ds: str, monkeypatch) -> set[int]:
     """Source indices of the samples the smoke stage reads: its own and the largest ones."""
-    from betonbuild.config.spec import load_config_file, resolve_indices
+    from betonbuild.config.load import load_config_file
+    from betonbuild.config.spec import resolve_indices
     from betonbuild.sources import open_source
     from betonbuild.workflow.stages import smoke_rows
 

@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 from conftest import BIN, SNAKEFILE, make_digits_npz, run_snakemake, write_config
 
-from betonbuild.config.spec import load_config
+from betonbuild.config.load import load_config
 from betonbuild.errors import ConfigError, SampleError, SourceError
 from betonbuild.workflow.status import plan
 
@@ -799,7 +799,7 @@ FAST_DECODE_DRIVER = textwrap.dedent(
     from pathlib import Path
 
     import betonbuild.sources.webdataset as W
-    from betonbuild.config.spec import load_config
+    from betonbuild.config.load import load_config
     from betonbuild.workflow.stages import build, make_shard_list, make_source_manifest
 
     spec = load_config({"datasets": {"images": json.loads(Path("entry.json").read_text())}}).datasets["images"]
@@ -1262,7 +1262,7 @@ DRIVER = textwrap.dedent(
     sys.path.insert(0, os.getcwd())
     import webdataset as wds
     from betonbuild.errors import BetonbuildError
-    from betonbuild.config.spec import load_config
+    from betonbuild.config.load import load_config
     from betonbuild.workflow.stages import build, make_shard_list, make_source_manifest
 
     scenarios = json.loads(Path("scenarios.json").read_text())

@@ -213,7 +213,7 @@ def test_a_corrupted_beton_fails_verification_and_keeps_the_report(tmp_path, dig
 
 def test_the_demo_config_is_valid_and_plans_every_dataset():
     """The repo's own config (the demo `make run` builds) passes validation and plans all five datasets."""
-    from betonbuild.config.spec import load_config_file
+    from betonbuild.config.load import load_config_file
 
     datasets = load_config_file(REPO / "config/config.yaml").datasets
     assert set(datasets) == {"digits", "photos", "faces", "wine", "photo_shards"}

@@ -9,16 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from betonbuild.config.spec import (
-    DatasetSpec,
-    WriterSpec,
-    check_no_duplicate_keys,
-    load_config,
-    load_config_file,
-    parse_size,
-    resolve_indices,
-    smoke_positions,
-)
+from betonbuild.config.load import check_no_duplicate_keys, load_config, load_config_file, parse_size, spec_from_dict
+from betonbuild.config.spec import DatasetSpec, WriterSpec, resolve_indices, smoke_positions
 from betonbuild.errors import ConfigError
 
 PYTHON_SOURCE = {"kind": "python", "factory": "adapters.tables:wine"}
@@ -580,8 +572,8 @@ def test_to_dict_round_trips_through_from_dict_and_json():
         smoke={"samples": 5},
     )
     data = spec.to_dict()
-    assert DatasetSpec.from_dict(data) == spec
-    assert DatasetSpec.from_dict(json.loads(json.dumps(data))) == spec
+    assert spec_from_dict(data) == spec
+    assert spec_from_dict(json.loads(json.dumps(data))) == spec
     assert data["fields"]["emb"] == {"type": "ndarray", "dtype": "<f4", "shape": [4, 2]}
     assert list(data["fields"]) == ["image", "label", "score", "emb", "t", "raw", "meta"]
 
@@ -599,20 +591,20 @@ def test_round_trip_of_arrays_and_image_folder_specs():
         source={"kind": "image_folder", "root": "data/photos"},
     )
     for spec in (arrays, folder):
-        assert DatasetSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+        assert spec_from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
 
 
 def test_the_json_form_keeps_the_field_order():
     spec = spec_of(fields={"z": {"type": "int"}, "a": {"type": "float"}})
     swapped = spec_of(fields={"a": {"type": "float"}, "z": {"type": "int"}})
-    assert DatasetSpec.from_dict(json.loads(json.dumps(spec.to_dict()))).field_names == ["z", "a"]
+    assert spec_from_dict(json.loads(json.dumps(spec.to_dict()))).field_names == ["z", "a"]
     assert list(spec.to_dict()["fields"]) == ["z", "a"] and list(swapped.to_dict()["fields"]) == ["a", "z"]
 
 
 def test_from_dict_of_a_part_fills_the_schema_defaults():
     spec = spec_of(smoke={"samples": 4}, verify={"samples": 9}, writer={"chunksize": 5})
     part = {k: v for k, v in spec.to_dict().items() if k not in ("smoke", "verify")}
-    rebuilt = DatasetSpec.from_dict(part)
+    rebuilt = spec_from_dict(part)
     assert rebuilt.smoke_samples == 32
     assert rebuilt.verify == {
         "samples": 256,
@@ -628,7 +620,7 @@ def test_from_dict_still_checks_the_rules():
     data = spec_of().to_dict()
     data["fields"] = {"a_very_long_field_name": {"type": "int"}}
     with pytest.raises(ConfigError, match="is 22 bytes; ffcv stores at most 16"):
-        DatasetSpec.from_dict(data)
+        spec_from_dict(data)
 
 
 # --- resolve_indices -----------------------------------------------------------------------------

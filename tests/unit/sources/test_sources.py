@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from betonbuild.config.spec import DatasetSpec, load_config
+from betonbuild.config.load import load_config
+from betonbuild.config.spec import DatasetSpec
 from betonbuild.demo import colour_photos, crops
 from betonbuild.errors import SampleError, SourceError
 from betonbuild.sources import (

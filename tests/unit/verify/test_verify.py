@@ -13,7 +13,7 @@ import pytest
 
 from betonbuild.beton.digest import content_digest, range_digest
 from betonbuild.beton.format import BetonFile, page_usage
-from betonbuild.config.spec import load_config
+from betonbuild.config.load import load_config
 from betonbuild.custom import FixedUTF8Field
 from betonbuild.errors import ConfigError, SampleError
 from betonbuild.provenance import ffcv_build
@@ -557,8 +557,9 @@ def test_verifying_an_image_folder_never_imports_ffcv_in_the_verifying_process(t
         from betonbuild.provenance import ffcv_build
         from betonbuild.sources import open_source
         from betonbuild.config.spec import DatasetSpec
+        from betonbuild.config.load import spec_from_dict
         from betonbuild.verify import verify_beton
-        spec = DatasetSpec.from_dict({spec.to_dict()!r})
+        spec = spec_from_dict({spec.to_dict()!r})
         source = open_source(spec)
         report = verify_beton(spec, source, np.arange(len(source)), "d.beton", ffcv_build(), threads=2)
         loaded = [m for m in sys.modules if m.startswith(("ffcv", "torch"))]

@@ -7,7 +7,7 @@ import json
 import multiprocessing
 import time
 
-from betonbuild.config.spec import load_config
+from betonbuild.config.load import load_config
 from betonbuild.errors import SampleError
 from betonbuild.write.failure import FAILURE_FILE, save_failure
 

@@ -12,7 +12,8 @@ import pytest
 from conftest import make_photo_folder
 from PIL import Image
 
-from betonbuild.config.spec import load_config, smoke_positions
+from betonbuild.config.load import load_config
+from betonbuild.config.spec import smoke_positions
 from betonbuild.errors import SampleError
 from betonbuild.workflow.stages import build, make_source_manifest
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from betonbuild.config.spec import DatasetSpec, load_config
+from betonbuild.config.load import load_config
+from betonbuild.config.spec import DatasetSpec
 from betonbuild.demo import colour_photos
 from betonbuild.errors import SampleError
 from betonbuild.write.contract import check_sample, check_value, sample_to_tuple

@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent(
     import os, sys
     import numpy as np
     from betonbuild.errors import BetonbuildError
-    from betonbuild.config.spec import load_config
+    from betonbuild.config.load import load_config
     from betonbuild.write.writer import write_beton
 
     class Dataset:

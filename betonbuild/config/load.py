@@ -1,0 +1,286 @@
+"""Configuration -> typed dataset specs (``betonbuild.config.spec``).
+
+Every rule of the FFCV writer contract that can be checked before any data is read is checked
+here, and every error names the dataset and the key (``datasets.photos.fields: ...``).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import yaml
+
+from betonbuild.config.spec import (
+    MAX_FIELD_NAME_BYTES,
+    MAX_PAGE_SIZE,
+    MIN_PAGE_SIZE,
+    RANGE_PATTERN,
+    TORCH_DTYPES,
+    Config,
+    DatasetSpec,
+    FieldSpec,
+    PartitionSpec,
+    WriterSpec,
+)
+from betonbuild.errors import ConfigError
+
+SCHEMA_PATH = Path(__file__).parent / "schema" / "config.schema.yaml"
+_SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # http:, s3:, gs:, pipe:, file: ...
+
+
+def load_config(config: dict[str, Any]) -> Config:
+    """Validate a raw config (as Snakemake loaded it) and return typed specs; defaults filled."""
+    filled = copy.deepcopy(config)
+    _validate_schema(filled)
+    datasets = {name: _dataset_spec(name, entry) for name, entry in filled["datasets"].items()}
+    return Config(results=filled["results"], datasets=datasets)
+
+
+def spec_from_dict(data: dict[str, Any]) -> DatasetSpec:
+    """Rebuild a spec from ``DatasetSpec.to_dict`` output, or a part of it (rule params, a saved failure...).
+
+    Parts left out (a rule that does not verify gets no ``verify``) take the schema's defaults.
+    """
+    entry = {k: v for k, v in data.items() if k != "name"}
+    return load_config({"datasets": {data["name"]: entry}}).datasets[data["name"]]
+
+
+def load_config_file(path: str | Path) -> Config:
+    check_no_duplicate_keys(path)
+    with open(path) as fh:
+        return load_config(yaml.safe_load(fh) or {})
+
+
+def schema() -> dict[str, Any]:
+    with open(SCHEMA_PATH) as fh:
+        return yaml.safe_load(fh)
+
+
+def parse_size(value: int | float | str, where: str) -> int:
+    """``8388608`` or ``"8MiB"`` -> bytes."""
+    if isinstance(value, (int, float)):
+        return int(value)  # the schema admits only integral numbers (JSON Schema counts 4.0 as one)
+    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", value)
+    if not match or match.group(2) not in _SIZE_UNITS:
+        raise ConfigError(where, f"cannot read size {value!r}; write bytes or e.g. '8MiB', '1GiB'")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def check_no_duplicate_keys(path: str | Path) -> None:
+    """YAML keeps the last of two equal keys silently; for `fields` that would drop a field."""
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` merges are YAML's own, deliberate override mechanism
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(
+                    f"{path}:{key_node.start_mark.line + 1}",
+                    f"key {key!r} appears twice in one mapping (first on line {seen[key] + 1}); "
+                    "YAML would silently keep only the last one",
+                )
+            seen[key] = key_node.start_mark.line
+        return loader.construct_mapping(node, deep=deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    with open(path) as fh:
+        try:
+            yaml.load(fh, Loader=StrictLoader)
+        except yaml.YAMLError as exc:
+            raise ConfigError(str(path), f"is not valid YAML: {exc}") from None
+
+
+def _validate_schema(config: dict[str, Any]) -> None:
+    validator_class = _with_defaults(jsonschema.validators.validator_for(schema()))
+    validator = validator_class(schema())
+    errors = sorted(validator.iter_errors(config), key=lambda e: (list(e.absolute_path), e.message))
+    if errors:
+        error = jsonschema.exceptions.best_match(errors)
+        where = ".".join(str(p) for p in error.absolute_path) or "config"
+        raise ConfigError(where, error.message)
+
+
+def _with_defaults(validator_class):
+    """A validator that fills schema defaults in while validating (as snakemake.utils.validate does)."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, subschema in properties.items():
+                if isinstance(subschema, dict) and "default" in subschema:
+                    instance.setdefault(name, copy.deepcopy(subschema["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+def _dataset_spec(name: str, entry: dict[str, Any]) -> DatasetSpec:
+    where = f"datasets.{name}"
+    fields = tuple(_field_spec(f"{where}.fields", fname, fentry) for fname, fentry in entry["fields"].items())
+    _check_field_names(f"{where}.fields", [f.name for f in fields])
+    sample_keys = entry.get("sample_keys")
+    if sample_keys is not None and len(sample_keys) != len(fields):
+        raise ConfigError(
+            f"{where}.sample_keys",
+            f"has {len(sample_keys)} keys but there are {len(fields)} fields; give one key per field, in field order",
+        )
+    _check_source(f"{where}.source", entry["source"], fields)
+    if entry["source"]["kind"] == "webdataset" and (
+        entry["writer"]["shuffle"] or entry["writer"]["indices"] is not None
+    ):
+        raise ConfigError(
+            f"{where}.writer",
+            "a webdataset source is written in shard order: shuffle and indices are not supported "
+            "(shuffle at load time with ffcv's Loader, order=RANDOM)",
+        )
+    if entry["partitions"] is not None and entry["samples_per_partition"] is not None:
+        raise ConfigError(where, "give `partitions` or `samples_per_partition`, not both")
+    return DatasetSpec(
+        name=name,
+        source=entry["source"],
+        fields=fields,
+        sample_keys=tuple(sample_keys) if sample_keys is not None else None,
+        writer=_writer_spec(f"{where}.writer", entry["writer"]),
+        smoke_samples=int(entry["smoke"]["samples"]),
+        verify={
+            **entry["verify"],
+            "samples": int(entry["verify"]["samples"]),
+            "loader_batch": int(entry["verify"]["loader_batch"]),
+            "full_max_samples": int(entry["verify"]["full_max_samples"]),
+        },
+        partitions=PartitionSpec(entry["partitions"], entry["samples_per_partition"], bool(entry["keep_parts"])),
+    )
+
+
+def _check_field_names(where: str, names: list[str]) -> None:
+    for name in names:
+        try:
+            encoded = name.encode("ascii")
+        except UnicodeEncodeError:
+            raise ConfigError(where, f"name {name!r} is not ASCII; ffcv stores field names as ASCII") from None
+        if not encoded or b"\0" in encoded:
+            raise ConfigError(where, f"name {name!r} must be non-empty and contain no NUL byte")
+        if len(encoded) > MAX_FIELD_NAME_BYTES:
+            raise ConfigError(
+                where, f"name {name!r} is {len(encoded)} bytes; ffcv stores at most {MAX_FIELD_NAME_BYTES}"
+            )
+    if len(set(names)) != len(names):
+        duplicate = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(where, f"name {duplicate!r} is used twice")
+
+
+def _field_spec(where: str, name: str, entry: dict[str, Any]) -> FieldSpec:
+    options = {k: v for k, v in entry.items() if k != "type"}
+    kind = entry["type"]
+    here = f"{where}.{name}"
+    if kind == "ndarray":
+        options["dtype"] = _numpy_dtype(f"{here}.dtype", options["dtype"]).str
+    elif kind == "torch_tensor" and options["dtype"] not in TORCH_DTYPES:
+        raise ConfigError(f"{here}.dtype", f"{options['dtype']!r} is not one of {', '.join(TORCH_DTYPES)}")
+    elif kind == "rgb_image" and options["write_mode"] == "smart" and options["smart_threshold"] is None:
+        raise ConfigError(
+            f"{here}.smart_threshold",
+            "write_mode 'smart' needs smart_threshold (image bytes, height*width*3, above which it is stored "
+            "as JPEG); "
+            "without it ffcv stores raw and wastes a JPEG encode per image",
+        )
+    elif kind == "custom":
+        from betonbuild.fields.custom import validate
+
+        validate(here, options)  # the class must resolve and accept its args: a config error otherwise
+    if kind in ("ndarray", "torch_tensor"):
+        options["shape"] = [int(s) for s in options["shape"]]
+    return FieldSpec(name=name, type=kind, options=options)
+
+
+def _numpy_dtype(where: str, text: str) -> np.dtype:
+    try:
+        dtype = np.dtype(text)
+    except TypeError as exc:
+        raise ConfigError(where, f"{text!r} is not a numpy dtype ({exc})") from None
+    if dtype.hasobject:
+        raise ConfigError(where, f"{text!r} holds Python objects; ffcv stores only plain-data dtypes")
+    if dtype.fields is not None or dtype.subdtype is not None:
+        raise ConfigError(
+            where, f"{text!r} is a structured or sub-array dtype; use a plain dtype and put every dimension in `shape`"
+        )
+    if dtype.byteorder == ">" or (dtype.byteorder == "=" and not dtype.isnative):
+        raise ConfigError(where, f"{text!r} is big-endian; use the native little-endian dtype")
+    return dtype
+
+
+def _check_source(where: str, source: dict[str, Any], fields: tuple[FieldSpec, ...]) -> None:
+    names = [f.name for f in fields]
+    if source["kind"] == "arrays":
+        columns = source["columns"]
+        missing = [n for n in names if n not in columns]
+        extra = [c for c in columns if c not in names]
+        if missing or extra:
+            raise ConfigError(
+                f"{where}.columns",
+                f"must name one array per field; missing {missing}, not a field {extra}",
+            )
+        if "path" not in source:
+            bad = [c for c in columns.values() if not c.endswith(".npy")]
+            if bad:
+                raise ConfigError(f"{where}.columns", f"without `path` every column is a .npy file; got {bad}")
+        elif not source["path"].endswith(".npz"):
+            raise ConfigError(f"{where}.path", f"{source['path']!r} must be an .npz file (or give .npy columns)")
+    elif source["kind"] == "webdataset":
+        shards = [source["shards"]] if isinstance(source["shards"], str) else source["shards"]
+        for pattern in shards:
+            if _URL_RE.match(pattern):
+                raise ConfigError(
+                    f"{where}.shards",
+                    f"{pattern!r} is a URL; betonbuild reads local shard files only (obtaining shards is not "
+                    "its job: download them first, then list the local paths)",
+                )
+        if not shards:
+            raise ConfigError(f"{where}.shards", "lists no shard")
+        unknown = [k for k in (source.get("keys") or {}) if k not in names]
+        if unknown:
+            raise ConfigError(f"{where}.keys", f"names {unknown}, which are not fields {names}")
+    elif source["kind"] == "image_folder":
+        types = [f.type for f in fields]
+        if types != ["rgb_image", "int"]:
+            raise ConfigError(
+                f"{where.rsplit('.', 1)[0]}.fields",
+                f"an image_folder yields (image, label): declare an rgb_image field then an int field, not {types}",
+            )
+
+
+def _writer_spec(where: str, entry: dict[str, Any]) -> WriterSpec:
+    page_size = parse_size(entry["page_size"], f"{where}.page_size")
+    if page_size & (page_size - 1) or not MIN_PAGE_SIZE <= page_size < MAX_PAGE_SIZE:
+        raise ConfigError(
+            f"{where}.page_size",
+            f"{entry['page_size']!r} ({page_size} bytes) must be a power of two in [2MiB, 4GiB)",
+        )
+    if entry["num_workers"] == 0:
+        raise ConfigError(f"{where}.num_workers", "0 is not a worker count; use -1 (all CPUs) or a positive number")
+    indices = entry["indices"]
+    if isinstance(indices, str):
+        match = RANGE_PATTERN.match(indices)
+        if not match:
+            raise ConfigError(f"{where}.indices", f"{indices!r} is not a range 'start:stop[:step]'")
+        if match.group(3) is not None and int(match.group(3)) == 0:
+            raise ConfigError(f"{where}.indices", f"{indices!r} has step 0; the step must be at least 1")
+    return WriterSpec(
+        num_workers=int(entry["num_workers"]),
+        page_size=page_size,
+        chunksize=int(entry["chunksize"]),
+        indices=[int(i) for i in indices] if isinstance(indices, list) else indices,
+        shuffle=entry["shuffle"],
+        seed=int(entry["seed"]),
+    )
