@@ -14,7 +14,9 @@ import numpy as np
 
 from betonbuild.atomic import atomic_path
 from betonbuild.beton.format import BetonFile, decode_image
-from betonbuild.config.spec import DatasetSpec
+from betonbuild.config.spec import DatasetSpec, FieldSpec
+from betonbuild.fields import field_kind
+from betonbuild.fields.custom import custom_handlers
 
 CELL = 96  # pixels per thumbnail side
 LABEL_HEIGHT = 16
@@ -30,9 +32,25 @@ def preview_rows(num_samples: int, limit: int = MAX_IMAGES) -> np.ndarray:
 
 
 def _open(beton_path: str, spec: DatasetSpec) -> BetonFile:
-    from betonbuild.fields.custom import handlers
+    return BetonFile(beton_path, custom_handlers=custom_handlers(spec))
 
-    return BetonFile(beton_path, custom_handlers=handlers(spec))
+
+def _with_role(spec: DatasetSpec, role: str) -> list[FieldSpec]:
+    """The fields whose kind plays ``role`` in the preview (``FieldKind.preview_roles``)."""
+    return [f for f in spec.fields if role in field_kind(f).preview_roles]
+
+
+def has_images(spec: DatasetSpec) -> bool:
+    """Whether the dataset's preview is a contact sheet (else a numeric plot)."""
+    return bool(_with_role(spec, "image"))
+
+
+def preview(beton_path: str, spec: DatasetSpec, out_png: str) -> None:
+    """The dataset's preview picture: a contact sheet of its images, or a plot of its numbers."""
+    if has_images(spec):
+        contact_sheet(beton_path, spec, out_png)
+    else:
+        numeric_plot(beton_path, spec, out_png)
 
 
 def contact_sheet(beton_path: str, spec: DatasetSpec, out_png: str) -> list[int]:
@@ -40,8 +58,8 @@ def contact_sheet(beton_path: str, spec: DatasetSpec, out_png: str) -> list[int]
     from PIL import Image, ImageDraw
 
     beton = _open(beton_path, spec)
-    image_field = next(f.name for f in spec.fields if f.type == "rgb_image")
-    label_fields = [f.name for f in spec.fields if f.type == "int"]
+    image_field = next(f.name for f in _with_role(spec, "image"))
+    label_fields = [f.name for f in _with_role(spec, "caption")]
     rows = preview_rows(beton.num_samples)
     columns = min(COLUMNS, max(len(rows), 1))
     sheet = Image.new("RGB", (columns * CELL, -(-len(rows) // columns) * (CELL + LABEL_HEIGHT)), "white")
@@ -66,10 +84,10 @@ def numeric_plot(beton_path: str, spec: DatasetSpec, out_png: str) -> None:
     import matplotlib.pyplot as plt
 
     beton = _open(beton_path, spec)
-    panels = [f for f in spec.fields if f.type in ("int", "float", "ndarray", "torch_tensor")]
+    panels = [f for f in spec.fields if {"histogram", "values"} & set(field_kind(f).preview_roles)]
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4 * max(len(panels), 1), 3), squeeze=False)
     for ax, field in zip(axes[0], panels):
-        if field.type in ("int", "float"):
+        if "histogram" in field_kind(field).preview_roles:
             ax.hist(np.asarray(beton.metadata[field.name]), bins=min(50, max(beton.num_samples // 4, 5)))
             ax.set_title(f"{field.name}: histogram")
         else:

@@ -25,7 +25,7 @@ import zipfile
 
 import numpy as np
 
-from betonbuild.fields import metadata_type
+from betonbuild.fields import field_kind, metadata_type
 from betonbuild.verify import CHUNK_ROWS, resolve_mode
 
 MB = 1 << 20
@@ -131,7 +131,7 @@ def fixed_bytes(spec):
     for field in spec.fields:
         if field.type in ("int", "float"):
             total += 8
-        elif field.is_fixed_size:
+        elif field_kind(field).fixed_size:
             itemsize = np.dtype(field.options["dtype"]).itemsize
             total += itemsize * math.prod(field.options["shape"])
     return total
@@ -143,7 +143,7 @@ def decoded_bytes(spec):
     for field in spec.fields:
         if field.type == "rgb_image" and field.options.get("max_resolution"):
             total += 3 * field.options["max_resolution"] ** 2
-        elif not field.is_fixed_size:
+        elif not field_kind(field).fixed_size:
             total += spec.writer.page_size
     return total
 
@@ -181,7 +181,7 @@ def _verify_mb(spec, samples):
         "arrays",
         "image_folder",
     ):  # values gathered one by one
-        n_fixed = sum(f.is_fixed_size for f in spec.fields)
+        n_fixed = sum(field_kind(f).fixed_size for f in spec.fields)
         fixed = samples * (2 * fixed_bytes(spec) + n_fixed * PYTHON_VALUE_BYTES)
     else:
         fixed = min(samples, CHUNK_ROWS) * 3 * fixed_bytes(spec)
@@ -198,7 +198,7 @@ def _smoke_samples(spec, input):
 def _seconds_per_sample(spec):
     variable = sum(SECONDS_PER_SAMPLE.get(f.type, 0) for f in spec.fields)
     return variable + SECONDS_PER_FIXED_VALUE * sum(
-        f.is_fixed_size for f in spec.fields
+        field_kind(f).fixed_size for f in spec.fields
     )
 
 
@@ -317,7 +317,7 @@ def verify_runtime(wildcards, input, threads, attempt):
         else _input_bytes(spec, input)
     )
     fixed = (
-        samples * SECONDS_PER_FIXED_VALUE * sum(f.is_fixed_size for f in spec.fields)
+        samples * SECONDS_PER_FIXED_VALUE * sum(field_kind(f).fixed_size for f in spec.fields)
     )
     decoded = (
         samples

@@ -19,6 +19,7 @@ A sample's canonical bytes are its fields' in field order:
   ordinal; after the sample's last field, if it has custom fields: ``<u8`` count of its custom
   allocations, then for each (pointer order) ``<u8`` size and the bytes.
 
+Each field kind produces its canonical bytes (``FieldKind.digest_column``, ``betonbuild.fields``).
 Blocks are hashed in parallel (hashlib releases the GIL); their order is fixed, so the digest does
 not depend on the number of threads either.
 """
@@ -32,14 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild.beton.format import CUSTOM_TYPE_ID, BetonFile
-from betonbuild.errors import BetonFormatError
+from betonbuild.beton.format import BetonFile
+from betonbuild.fields import kind_of_type_id
 
 PREFIX = b"betonbuild content digest v1\n"
 RANGE_PREFIX = b"betonbuild range digest v1\n"
 BLOCK = 1024
-SMALL_FIXED = 4096  # ndarray payloads up to this size are gathered in one copy per block
-_IMAGE_HEADER = np.dtype([("mode", "u1"), ("width", "<u2"), ("height", "<u2"), ("length", "<u8")])
 
 
 def header(beton: BetonFile) -> dict[str, Any]:
@@ -99,7 +98,9 @@ def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
     if all(isinstance(c, np.ndarray) for c in columns):
         digest.update(np.hstack(columns).tobytes())  # fixed-size only: sample-major bytes in one go
         return digest.digest()
-    has_custom = any(f.type_id == CUSTOM_TYPE_ID for f in beton.fields)
+    has_custom = any(
+        kind_of_type_id(f.type_id, f"{beton.path}: field '{f.name}'").custom_allocations for f in beton.fields
+    )
     for i, row in enumerate(rows):
         allocations = beton.custom_allocations(int(row)) if has_custom else []
         for column in columns:
@@ -119,53 +120,4 @@ def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
 def _column(beton: BetonFile, info, rows: np.ndarray):
     """Either an (n, k) uint8 array of every row's canonical bytes, or a function (i, row, allocs) -> parts."""
     meta = beton.metadata[info.name][rows]
-    if info.type_id in (0, 1):
-        return np.ascontiguousarray(meta, dtype="<f8" if info.type_id == 0 else "<i8").view(np.uint8).reshape(-1, 8)
-    if info.type_id in (4, 6):
-        nbytes = info.payload_bytes
-        if nbytes <= SMALL_FIXED:
-            return np.ascontiguousarray(beton.gather(meta, nbytes, f"field '{info.name}'"))
-        beton.check_payloads_inside(meta, nbytes, f"field '{info.name}'")
-        return lambda i, row, allocs: (beton.mm[int(meta[i]) : int(meta[i]) + nbytes],)
-    if info.type_id in (3, 5):
-        ptrs, sizes = meta["ptr"], meta["size"]
-        beton.check_payloads_inside(ptrs, sizes, f"field '{info.name}'")
-        lengths = np.ascontiguousarray(sizes, dtype="<u8").view(np.uint8).reshape(-1, 8)
-        return lambda i, row, allocs: (lengths[i], beton.mm[int(ptrs[i]) : int(ptrs[i]) + int(sizes[i])])
-    if info.type_id == 2:
-        sizes = beton.image_sizes(info.name, rows)
-        bad = sizes < 0
-        if bad.any():
-            row = int(rows[np.argmax(bad)])
-            mode = int(meta["mode"][np.argmax(bad)])
-            why = "unknown image mode" if mode not in (0, 1) else "JPEG pointer not in the allocation table"
-            raise BetonFormatError(f"{beton.path}: sample {row} field '{info.name}': {why}")
-        beton.check_payloads_inside(meta["data_ptr"], sizes.astype(np.uint64), f"field '{info.name}'")
-        headers = np.zeros(len(rows), dtype=_IMAGE_HEADER)
-        for key in ("mode", "width", "height"):
-            headers[key] = meta[key]
-        headers["length"] = sizes
-        head_bytes = headers.view(np.uint8).reshape(len(rows), -1)
-        ptrs = meta["data_ptr"]
-        return lambda i, row, allocs: (head_bytes[i], beton.mm[int(ptrs[i]) : int(ptrs[i]) + int(sizes[i])])
-    if info.type_id == CUSTOM_TYPE_ID:
-        return lambda i, row, allocs: _custom_parts(beton, info.name, row, allocs)
-    raise BetonFormatError(f"{beton.path}: field '{info.name}' has type id {info.type_id}")
-
-
-def _custom_parts(beton: BetonFile, name: str, row: int, allocations: list[tuple[int, int]]) -> tuple[bytes, bytes]:
-    record = normalise_pointers(beton.record_bytes(name, row), allocations)
-    return np.uint64(len(record)).astype("<u8").tobytes(), record
-
-
-def normalise_pointers(record: bytes, allocations: list[tuple[int, int]]) -> bytes:
-    """The record with every 8-byte little-endian copy of an allocation's pointer replaced by its ordinal."""
-    out = bytearray(record)
-    for ordinal, (ptr, _) in enumerate(allocations):
-        needle = int(ptr).to_bytes(8, "little")
-        marker = b"\xff\xff\xff\xff" + ordinal.to_bytes(4, "little")
-        at = bytes(out).find(needle)
-        while at >= 0:
-            out[at : at + 8] = marker
-            at = bytes(out).find(needle, at + 8)
-    return bytes(out)
+    return kind_of_type_id(info.type_id, f"{beton.path}: field '{info.name}'").digest_column(beton, info, rows, meta)

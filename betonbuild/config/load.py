@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import numpy as np
 import yaml
 
 from betonbuild.config.spec import (
@@ -20,7 +19,6 @@ from betonbuild.config.spec import (
     MAX_PAGE_SIZE,
     MIN_PAGE_SIZE,
     RANGE_PATTERN,
-    TORCH_DTYPES,
     Config,
     DatasetSpec,
     FieldSpec,
@@ -28,6 +26,7 @@ from betonbuild.config.spec import (
     WriterSpec,
 )
 from betonbuild.errors import ConfigError
+from betonbuild.fields import field_kind
 
 SCHEMA_PATH = Path(__file__).parent / "schema" / "config.schema.yaml"
 _SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -181,43 +180,11 @@ def _check_field_names(where: str, names: list[str]) -> None:
 
 
 def _field_spec(where: str, name: str, entry: dict[str, Any]) -> FieldSpec:
+    """The field's options checked and normalised by its kind (``FieldKind.normalise``)."""
     options = {k: v for k, v in entry.items() if k != "type"}
-    kind = entry["type"]
-    here = f"{where}.{name}"
-    if kind == "ndarray":
-        options["dtype"] = _numpy_dtype(f"{here}.dtype", options["dtype"]).str
-    elif kind == "torch_tensor" and options["dtype"] not in TORCH_DTYPES:
-        raise ConfigError(f"{here}.dtype", f"{options['dtype']!r} is not one of {', '.join(TORCH_DTYPES)}")
-    elif kind == "rgb_image" and options["write_mode"] == "smart" and options["smart_threshold"] is None:
-        raise ConfigError(
-            f"{here}.smart_threshold",
-            "write_mode 'smart' needs smart_threshold (image bytes, height*width*3, above which it is stored "
-            "as JPEG); "
-            "without it ffcv stores raw and wastes a JPEG encode per image",
-        )
-    elif kind == "custom":
-        from betonbuild.fields.custom import validate
-
-        validate(here, options)  # the class must resolve and accept its args: a config error otherwise
-    if kind in ("ndarray", "torch_tensor"):
-        options["shape"] = [int(s) for s in options["shape"]]
-    return FieldSpec(name=name, type=kind, options=options)
-
-
-def _numpy_dtype(where: str, text: str) -> np.dtype:
-    try:
-        dtype = np.dtype(text)
-    except TypeError as exc:
-        raise ConfigError(where, f"{text!r} is not a numpy dtype ({exc})") from None
-    if dtype.hasobject:
-        raise ConfigError(where, f"{text!r} holds Python objects; ffcv stores only plain-data dtypes")
-    if dtype.fields is not None or dtype.subdtype is not None:
-        raise ConfigError(
-            where, f"{text!r} is a structured or sub-array dtype; use a plain dtype and put every dimension in `shape`"
-        )
-    if dtype.byteorder == ">" or (dtype.byteorder == "=" and not dtype.isnative):
-        raise ConfigError(where, f"{text!r} is big-endian; use the native little-endian dtype")
-    return dtype
+    return FieldSpec(
+        name=name, type=entry["type"], options=field_kind(entry["type"]).normalise(f"{where}.{name}", options)
+    )
 
 
 def _check_source(where: str, source: dict[str, Any], fields: tuple[FieldSpec, ...]) -> None:

@@ -18,8 +18,6 @@ from betonbuild.errors import ConfigError
 MAX_FIELD_NAME_BYTES = 16  # the descriptor's name slot; ffcv truncates longer names silently
 MIN_PAGE_SIZE = 1 << 21
 MAX_PAGE_SIZE = 1 << 32  # exclusive: the header stores page_size as <u4
-FIXED_SIZE_TYPES = ("int", "float", "ndarray", "torch_tensor")
-TORCH_DTYPES = ("float16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool")
 # The smoke stage's pre-flight inspects this many of a dataset's largest samples (where sizes are cheap).
 LARGEST_SAMPLES = 8
 RANGE_PATTERN = re.compile(r"^\s*(\d*)\s*:\s*(\d*)\s*(?::\s*(\d+)\s*)?$")
@@ -27,13 +25,11 @@ RANGE_PATTERN = re.compile(r"^\s*(\d*)\s*:\s*(\d*)\s*(?::\s*(\d+)\s*)?$")
 
 @dataclass(frozen=True)
 class FieldSpec:
+    """One configured field; what its ``type`` means is ``betonbuild.fields.field_kind(spec)``."""
+
     name: str
     type: str
     options: dict[str, Any] = dc_field(default_factory=dict)
-
-    @property
-    def is_fixed_size(self) -> bool:
-        return self.type in FIXED_SIZE_TYPES
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, **self.options}

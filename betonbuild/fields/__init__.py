@@ -1,50 +1,45 @@
-"""Field specs -> ``ffcv.fields.Field`` instances, in the configured order."""
+"""The field-kind registry: ``FIELD_KINDS[type]`` holds everything betonbuild knows about a kind.
+
+Adding a kind is one module of this package (a ``FieldKind`` subclass and its ``KIND``), listed
+below, plus its tests; its type id comes from ``betonbuild.beton.format.TYPE_NAMES``.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from betonbuild.config.spec import DatasetSpec, FieldSpec
+from betonbuild.errors import BetonFormatError
+from betonbuild.fields import bytes as bytes_kind
+from betonbuild.fields import custom, ndarray, rgb_image, torch_tensor
+from betonbuild.fields import float as float_kind
+from betonbuild.fields import int as int_kind
+from betonbuild.fields import json as json_kind
+from betonbuild.fields.kind import FieldKind
 
-# ffcv's descriptor type ids (ffcv/types.py TYPE_ID_HANDLER); 255 = any other class.
-TYPE_IDS = {"float": 0, "int": 1, "rgb_image": 2, "bytes": 3, "ndarray": 4, "json": 5, "torch_tensor": 6, "custom": 255}
+FIELD_KINDS: dict[str, FieldKind] = {
+    module.KIND.name: module.KIND
+    for module in (int_kind, float_kind, ndarray, torch_tensor, rgb_image, bytes_kind, json_kind, custom)
+}
+_BY_TYPE_ID = {kind.type_id: kind for kind in FIELD_KINDS.values()}
 
 
-def torch_dtype(name: str):
-    import torch
+def field_kind(field: FieldSpec | str) -> FieldKind:
+    """The kind of a field spec, or of a config ``type`` name."""
+    return FIELD_KINDS[field if isinstance(field, str) else field.type]
 
-    return getattr(torch, name)
+
+def kind_of_type_id(type_id: int, where: str) -> FieldKind:
+    """The kind a .beton descriptor's type id stands for; BetonFormatError naming ``where`` if none."""
+    try:
+        return _BY_TYPE_ID[type_id]
+    except KeyError:
+        raise BetonFormatError(f"{where} has type id {type_id}") from None
 
 
-def build_field(spec: FieldSpec):
-    from ffcv import fields
-
-    o = spec.options
-    if spec.type == "int":
-        return fields.IntField()
-    if spec.type == "float":
-        return fields.FloatField()
-    if spec.type == "ndarray":
-        return fields.NDArrayField(dtype=np.dtype(o["dtype"]), shape=tuple(o["shape"]))
-    if spec.type == "torch_tensor":
-        return fields.TorchTensorField(dtype=torch_dtype(o["dtype"]), shape=tuple(o["shape"]))
-    if spec.type == "rgb_image":
-        return fields.RGBImageField(
-            write_mode=o["write_mode"],
-            max_resolution=o["max_resolution"],
-            smart_threshold=o["smart_threshold"],
-            jpeg_quality=o["jpeg_quality"],
-            compress_probability=o["compress_probability"],
-        )
-    if spec.type == "bytes":
-        return fields.BytesField()
-    if spec.type == "json":
-        return fields.JSONField()
-    if spec.type == "custom":
-        from betonbuild.fields.custom import build
-
-        return build(spec)
-    raise ValueError(f"unknown field type {spec.type!r}")  # the schema makes this unreachable
+def build_field(field: FieldSpec):
+    """The ``ffcv.fields.Field`` instance that writes ``field``."""
+    return field_kind(field).build(field)
 
 
 def build_fields(spec: DatasetSpec) -> dict:
@@ -54,17 +49,9 @@ def build_fields(spec: DatasetSpec) -> dict:
 
 def metadata_type(field: FieldSpec) -> np.dtype:
     """The field's metadata record type in the .beton (a custom field's class declares its own)."""
-    from betonbuild.beton.format import METADATA_TYPES
-
-    if field.type == "custom":
-        from betonbuild.fields.custom import build
-
-        return np.dtype(build(field).metadata_type)
-    return METADATA_TYPES[TYPE_IDS[field.type]]
+    return field_kind(field).metadata_type(field)
 
 
-def sample_dtype(field: FieldSpec) -> np.dtype:
+def sample_dtype(field: FieldSpec) -> np.dtype | None:
     """The numpy dtype a fixed-size ndarray/torch_tensor field's values must have."""
-    if field.type == "ndarray":
-        return np.dtype(field.options["dtype"])
-    return np.dtype(field.options["dtype"]) if field.options["dtype"] != "bool" else np.dtype(bool)
+    return field_kind(field).sample_dtype(field)

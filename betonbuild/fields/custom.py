@@ -4,7 +4,7 @@ The class implements ffcv's Field interface (``metadata_type``, ``from_binary``,
 ``encode``, ``get_decoder_class``); subclassing ``ffcv.fields.Field`` is the usual way, but ffcv
 only calls these methods. The writer builds ``Class(**args)``; readers register the class under
 the field's name (``BetonFile(custom_handlers=...)``, ``ffcv.reader.Reader(custom_handlers=...)``,
-``ffcv.loader.Loader(custom_fields=...)``), all from the same config (``handlers(spec)``).
+``ffcv.loader.Loader(custom_fields=...)``), all from the same config (``custom_handlers(spec)``).
 
 Verification re-encodes the source value with the class and requires the same metadata record
 and payload bytes as the file holds. Two optional methods make the report compare decoded values:
@@ -25,7 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from betonbuild.beton.format import BetonFile, FieldInfo
+from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import ConfigError
+from betonbuild.fields.kind import OWN_DECODER, Fail, FieldKind, StoredSample
 
 CLASS_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
 FIELD_METHODS = ("metadata_type", "from_binary", "to_binary", "encode", "get_decoder_class")
@@ -99,9 +102,9 @@ def build(field_spec) -> Any:
     return _build(field_spec.options["class"], json.dumps(field_spec.options["args"], sort_keys=True))
 
 
-def handlers(spec) -> dict[str, type]:
+def custom_handlers(spec) -> dict[str, type]:
     """{field name: class} of a dataset's custom fields, for Reader/Loader/BetonFile registration."""
-    return {f.name: load_class(f.options["class"]) for f in spec.fields if f.type == "custom"}
+    return {f.name: load_class(f.options["class"]) for f in spec.fields if f.type == KIND.name}
 
 
 def scratch_record(field) -> np.ndarray:
@@ -147,3 +150,113 @@ def values_equal(a, b) -> bool:
         return bool(a == b)
     except Exception:  # noqa: BLE001
         return False
+
+
+def normalise_pointers(record: bytes, allocations: list[tuple[int, int]]) -> bytes:
+    """The record with every 8-byte little-endian copy of an allocation's pointer replaced by its ordinal."""
+    out = bytearray(record)
+    for ordinal, (ptr, _) in enumerate(allocations):
+        needle = int(ptr).to_bytes(8, "little")
+        marker = b"\xff\xff\xff\xff" + ordinal.to_bytes(4, "little")
+        at = bytes(out).find(needle)
+        while at >= 0:
+            out[at : at + 8] = marker
+            at = bytes(out).find(needle, at + 8)
+    return bytes(out)
+
+
+class CustomKind(FieldKind):
+    name = "custom"
+    verify_check = "custom_fields"
+    custom_allocations = True
+
+    def normalise(self, where: str, options: dict[str, Any]) -> dict[str, Any]:
+        validate(where, options)  # the class must resolve and accept its args: a config error otherwise
+        return options
+
+    def metadata_type(self, field: FieldSpec) -> np.dtype:
+        return np.dtype(build(field).metadata_type)  # the class declares its own
+
+    def build(self, field: FieldSpec) -> Any:
+        return build(field)
+
+    def check(self, field: FieldSpec, value: Any, fail: Fail) -> Any:
+        """Custom values pass through as they are; only their encode must not fail (it would kill ffcv's worker)."""
+        problem = encode_problem(field, value)
+        if problem:
+            raise fail(problem, "return a value the class's encode accepts, or fix the class")
+        return value
+
+    def descriptor_problem(self, field: FieldSpec, info: FieldInfo) -> str | None:
+        if info.arguments != argument_bytes(build(field)):
+            return (
+                f"field '{field.name}': the descriptor's arguments differ from "
+                f"{field.options['class']}(**{field.options['args']!r}).to_binary()"
+            )
+        return None
+
+    def compare_needs_ffcv(self, field: FieldSpec) -> bool:
+        return True  # the class is an ffcv Field
+
+    def compare(self, field: FieldSpec, stored: StoredSample, value: Any, stats: dict) -> str | None:
+        """Re-encodes the source value and requires the file's record and payload bytes; then ``decode``."""
+        problem, used = _compare_encoded(field, stored, value, stats)
+        stored.claim(used)
+        return problem
+
+    def report_stats(self, field: FieldSpec, column: int, stats: dict, tolerance: float) -> None:
+        stats["class"] = field.options["class"]
+        stats["comparison"] = "re-encoded source bytes" + (
+            " and decoded value" if hasattr(build(field), "decode") else ""
+        )
+
+    def loader_pipeline(self, field: FieldSpec, beton: BetonFile, n: int) -> str:
+        return OWN_DECODER  # the class's get_decoder_class, registered through custom_fields
+
+    def loader_comparable(self, field: FieldSpec) -> bool:
+        instance = build(field)
+        return hasattr(instance, "from_loader") and hasattr(instance, "decode")
+
+    def loader_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
+        instance = build(field)
+        payloads = [np.asarray(beton.read(p, s)) for p, s in beton.custom_allocations(position)]
+        return values_equal(instance.from_loader(item), instance.decode(beton.metadata[field.name][position], payloads))
+
+    def digest_column(self, beton: BetonFile, info: FieldInfo, rows: np.ndarray, meta: np.ndarray):
+        """``<u8`` record length, then the record with the sample's allocation pointers normalised."""
+
+        def parts(i: int, row: int, allocations: list[tuple[int, int]]) -> tuple[bytes, bytes]:
+            record = normalise_pointers(beton.record_bytes(info.name, row), allocations)
+            return np.uint64(len(record)).astype("<u8").tobytes(), record
+
+        return parts
+
+
+def _compare_encoded(field: FieldSpec, stored: StoredSample, value: Any, stats: dict) -> tuple[str | None, int]:
+    """(why the file differs from the re-encoded value or None, the allocations the value takes)."""
+    beton, position = stored.beton, stored.position
+    allocations = stored.allocations()
+    instance = build(field)
+    record, payloads = encode(instance, value, [p for p, _ in allocations])
+    if record != beton.record_bytes(field.name, position):
+        return "the metadata record differs from the re-encoded source value", len(payloads)
+    if len(payloads) > len(allocations):
+        return f"encode allocates {len(payloads)} payloads, the file has {len(allocations)}", len(payloads)
+    found = []
+    for j, payload in enumerate(payloads):
+        ptr, size = allocations[j]
+        if size != payload.size:
+            return f"payload {j} is {size} bytes in the file, {payload.size} re-encoded", len(payloads)
+        found.append(np.asarray(beton.read(ptr, size)))
+        if not np.array_equal(found[-1], payload):
+            return f"payload {j} differs from the re-encoded source value", len(payloads)
+    stats["reencoded_equal"] = stats.get("reencoded_equal", 0) + 1
+    if hasattr(instance, "decode"):
+        decoded = instance.decode(beton.metadata[field.name][position], found)
+        if not values_equal(decoded, value):
+            return f"decodes to {decoded!r}, the source holds {value!r}", len(payloads)
+        stats["decoded_equal"] = stats.get("decoded_equal", 0) + 1
+    return None, len(payloads)
+
+
+KIND = CustomKind()

@@ -24,6 +24,7 @@ import numpy as np
 
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import SampleError, SourceError
+from betonbuild.fields import field_kind
 
 
 class ArraysSource:
@@ -61,7 +62,7 @@ class ArraysSource:
     def fixed_columns(self) -> dict[str, Any]:
         """Values of the fixed-size fields for many rows at once, indexed by source index."""
         by_name = dict(zip(self.spec.field_names, self.columns))
-        return {f.name: by_name[f.name] for f in self.spec.fields if f.is_fixed_size}
+        return {f.name: by_name[f.name] for f in self.spec.fields if field_kind(f).fixed_size}
 
     def encoded_image(self, index: int) -> None:
         return None

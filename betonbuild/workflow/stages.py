@@ -18,7 +18,7 @@ import numpy as np
 from betonbuild.atomic import write_json
 from betonbuild.config.spec import DatasetSpec, resolve_indices, smoke_positions
 from betonbuild.errors import MergeError, SampleError, SourceError, VerificationError
-from betonbuild.fields.custom import handlers
+from betonbuild.fields.custom import custom_handlers
 from betonbuild.provenance import ffcv_build
 from betonbuild.sources import open_source, source_fingerprint
 from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
@@ -221,7 +221,7 @@ def merge_parts(
     builds = {json.dumps(r["provenance"], sort_keys=True) for r in records}
     if len(builds) != 1:
         raise MergeError(f"dataset '{spec.name}': the parts were written by different ffcv builds: {sorted(builds)}")
-    merged = merge_betons(part_paths, beton_path, custom_classes=handlers(spec))
+    merged = merge_betons(part_paths, beton_path, custom_classes=custom_handlers(spec))
     order = resolve_indices(spec.writer, manifest["length"], spec.name)
     record = {
         "dataset": spec.name,

@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from betonbuild.config.load import SCHEMA_PATH, load_config, schema
-from betonbuild.config.spec import MAX_FIELD_NAME_BYTES, TORCH_DTYPES
+from betonbuild.config.spec import MAX_FIELD_NAME_BYTES
+from betonbuild.fields.torch_tensor import TORCH_DTYPES
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DOC = REPO / "docs" / "configuration.md"
@@ -357,7 +358,7 @@ def test_troubleshooting_quotes_the_real_messages(example_module_dir):
     from betonbuild.errors import ConfigError, SampleError
     from betonbuild.fields.custom import load_class
     from betonbuild.provenance import installed_ffcv_build
-    from betonbuild.verify import Report, _check_build
+    from betonbuild.verify.report import Report, check_build
     from betonbuild.write.contract import check_sample
 
     readme = flat(README.read_text())
@@ -398,7 +399,7 @@ def test_troubleshooting_quotes_the_real_messages(example_module_dir):
             }
         }
     ).datasets["digits"]
-    _check_build(digits, {**reader, "numpy": "2.3.1"}, {**reader, "numpy": "2.4.6"}, report)
+    check_build(digits, {**reader, "numpy": "2.3.1"}, {**reader, "numpy": "2.4.6"}, report)
     assert f"verification of results/digits/digits.beton failed: {report.worst()} (full report kept at " in readme
 
     for path in ("mytext:UTF8TextField", "mytexts:UTF8Text", "mytexts:texts", "mytexts:Texts"):

@@ -12,6 +12,7 @@ import pytest
 from betonbuild.config.load import check_no_duplicate_keys, load_config, load_config_file, parse_size, spec_from_dict
 from betonbuild.config.spec import DatasetSpec, WriterSpec, resolve_indices, smoke_positions
 from betonbuild.errors import ConfigError
+from betonbuild.fields import field_kind
 
 PYTHON_SOURCE = {"kind": "python", "factory": "adapters.tables:wine"}
 
@@ -369,7 +370,7 @@ def test_unknown_ndarray_dtype_is_rejected():
 def test_ndarray_dtype_is_stored_in_canonical_form(dtype, canonical):
     spec = spec_of(fields={"x": {"type": "ndarray", "dtype": dtype, "shape": [2, 3]}})
     assert spec.fields[0].options == {"dtype": canonical, "shape": [2, 3]}
-    assert spec.fields[0].is_fixed_size
+    assert field_kind(spec.fields[0]).fixed_size
 
 
 @pytest.mark.parametrize("dtype", ["f4,i4", "(2,)f4"])

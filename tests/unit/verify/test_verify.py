@@ -387,8 +387,8 @@ def test_a_hostile_pointer_fails_the_report_without_crashing_it(project: Path):
 def test_jpeg_source_files_are_decoded_by_libjpeg_turbo_exactly_as_pil_decodes_them(tmp_path: Path, monkeypatch):
     from PIL import Image
 
+    from betonbuild._compat.ffcv_ctypes import TurboJPEG
     from betonbuild.demo import colour_photos
-    from betonbuild.verify import _TurboJPEG
 
     photos = colour_photos()
     for k, name in enumerate(["astronaut", "coffee", "chelsea"]):
@@ -398,7 +398,7 @@ def test_jpeg_source_files_are_decoded_by_libjpeg_turbo_exactly_as_pil_decodes_t
             Image.fromarray(crop).save(
                 tmp_path / "jpegs" / name / f"{j}.jpg", quality=95, subsampling=[0, 1, 2][k]
             )  # 4:4:4, 4:2:2, 4:2:0
-    decoder = _TurboJPEG()
+    decoder = TurboJPEG()
     for path in sorted((tmp_path / "jpegs").rglob("*.jpg")):
         data = np.frombuffer(path.read_bytes(), dtype=np.uint8)
         assert np.array_equal(decoder.decode_rgb(data), np.asarray(Image.open(path)))
@@ -415,7 +415,7 @@ def test_jpeg_source_files_are_decoded_by_libjpeg_turbo_exactly_as_pil_decodes_t
 
 def test_the_whole_file_range_digest_comes_from_the_content_digest_leaves(tmp_path: Path, monkeypatch):
     # 2,500 samples: three digest blocks, the last one short; each block is hashed once, for both digests.
-    import betonbuild.verify as verify
+    import betonbuild.verify.report as verify
 
     columns = {"a": np.arange(2500, dtype=np.int64), "b": np.linspace(0, 1, 2500)}
     for name, values in columns.items():
@@ -446,7 +446,7 @@ def test_the_whole_file_range_digest_comes_from_the_content_digest_leaves(tmp_pa
     assert sorted(hashed) == [(0, 1024), (1024, 2048), (2048, 2500)]
 
 
-def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_as_jpeg_dimensions(
+def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_asjpeg_dimensions_fast(
     tmp_path: Path, monkeypatch
 ):
     import io
@@ -456,7 +456,7 @@ def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_as_jpeg
 
     from betonbuild.beton.format import jpeg_dimensions
     from betonbuild.demo import colour_photos
-    from betonbuild.verify import _jpeg_dimensions, _StoredImages
+    from betonbuild.verify.images import StoredImages, jpeg_dimensions_fast
 
     photos = colour_photos()
     for name in ["astronaut", "coffee"]:
@@ -468,7 +468,7 @@ def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_as_jpeg
     report = write_and_verify_image_folder(tmp_path, "jpegs", {"type": "rgb_image", "write_mode": "jpg"}, workers=1)
     assert report["ok"], report["worst"]
     beton = BetonFile(tmp_path / "jpegs.beton")
-    images = _StoredImages(beton, "image", 0, beton.num_samples)
+    images = StoredImages(beton, "image", 0, beton.num_samples)
     for row in range(beton.num_samples):
         meta = beton.metadata["image"][row]
         height, width = int(meta["height"]), int(meta["width"])
@@ -476,14 +476,14 @@ def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_as_jpeg
         expected = np.zeros((height, width, 3), dtype=np.uint8)
         assert imdecode(payload, expected, height, width, height, width, 0, 0, 1, 1, False, False) == 0
         assert np.array_equal(images.decode(row), expected)
-        assert _jpeg_dimensions(payload) == jpeg_dimensions(payload) == (width, height)
+        assert jpeg_dimensions_fast(payload) == jpeg_dimensions(payload) == (width, height)
     # A header longer than the 4 KiB prefix (a big comment before the frame): the whole payload is parsed.
     buffer = io.BytesIO()
     Image.fromarray(photos["coffee"][:33, :47]).save(buffer, format="JPEG", comment=b"x" * 9000)
     data = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
     assert jpeg_dimensions(data[:4096]) is None
-    assert _jpeg_dimensions(data) == jpeg_dimensions(data) == (47, 33)
-    assert _jpeg_dimensions(data[:5000]) is None and _jpeg_dimensions(data[:100]) is None
+    assert jpeg_dimensions_fast(data) == jpeg_dimensions(data) == (47, 33)
+    assert jpeg_dimensions_fast(data[:5000]) is None and jpeg_dimensions_fast(data[:100]) is None
 
 
 @pytest.mark.parametrize(
@@ -501,7 +501,8 @@ def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_as_jpeg
 def test_the_loader_batch_runs_in_a_child_process_only_when_the_comparisons_need_nothing_of_ffcv(
     fields, kind, ffcv_free
 ):
-    from betonbuild.verify import _content_without_ffcv, start_loader_process
+    from betonbuild.verify import start_loader_process
+    from betonbuild.verify.loader import content_without_ffcv
 
     source = {
         "image_folder": {"kind": "image_folder", "root": "photos"},
@@ -510,7 +511,7 @@ def test_the_loader_batch_runs_in_a_child_process_only_when_the_comparisons_need
         "webdataset": {"kind": "webdataset", "shards": "s-{0..1}.tar"},
     }[kind]
     spec = load_config({"datasets": {"d": {"source": source, "fields": fields}}}).datasets["d"]
-    assert _content_without_ffcv(spec) is ffcv_free
+    assert content_without_ffcv(spec) is ffcv_free
     assert start_loader_process(spec, threads=1) is None  # a one-thread job keeps to its one core
     loader = start_loader_process(spec)
     assert (loader is not None) is ffcv_free

@@ -1,0 +1,64 @@
+"""``type: bytes``: a 1-D uint8 array of any length per sample."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from betonbuild.beton.format import BetonFile
+from betonbuild.config.spec import FieldSpec
+from betonbuild.fields.kind import Fail, StoredSample, describe
+from betonbuild.fields.payload import PayloadKind
+
+LOADER_NOTE = (
+    "ffcv's BytesDecoder pads every item of a batch to the batch's largest item; the exact length of "
+    "sample i is the field's metadata size: ffcv.reader.Reader(path).metadata['{column}']['size'][i]"
+)
+
+
+class BytesKind(PayloadKind):
+    name = "bytes"
+
+    def build(self, field: FieldSpec):
+        from ffcv.fields import BytesField
+
+        return BytesField()
+
+    def check(self, field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            value = np.frombuffer(bytes(value), dtype=np.uint8)
+        elif not isinstance(value, np.ndarray):
+            raise fail(f"bytes field got {describe(value)}", "return bytes or a 1-D uint8 numpy array")
+        if value.dtype != np.uint8 or value.ndim != 1:
+            raise fail(
+                f"bytes field got {describe(value)}; ffcv would cast every value to one byte",
+                "return a 1-D uint8 array (e.g. np.frombuffer(data, dtype=np.uint8))",
+            )
+        if value.size == 0 and not field.options.get("allow_empty"):
+            raise fail(
+                "value is empty; ffcv stores a size-0 allocation whose pointer collides with the next one, "
+                "and its Loader then returns corrupted data for this sample's following field",
+                "store at least one byte (e.g. a length prefix or terminator)",
+            )
+        return np.ascontiguousarray(value)
+
+    def allow_empty(self, field: FieldSpec) -> bool:
+        return bool(field.options.get("allow_empty"))
+
+    def compare(self, field: FieldSpec, stored: StoredSample, value: Any, stats: dict) -> str | None:
+        payload = np.asarray(stored.beton.variable_payload(field.name, stored.position))
+        if payload.size != value.size:
+            return f"stored length {payload.size}, source length {value.size}"
+        stats["lengths_equal"] = stats.get("lengths_equal", 0) + 1
+        return None if np.array_equal(payload, value) else "bytes differ"
+
+    def report_stats(self, field: FieldSpec, column: int, stats: dict, tolerance: float) -> None:
+        stats["loader_lengths"] = LOADER_NOTE.format(column=f"f{column}")
+
+    def loader_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
+        payload = np.asarray(beton.variable_payload(field.name, position))
+        return np.array_equal(item[: payload.size], payload)
+
+
+KIND = BytesKind()

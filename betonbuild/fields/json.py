@@ -1,0 +1,81 @@
+"""``type: json``: any JSON-encodable value, stored as its NUL-terminated UTF-8 text."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from betonbuild.beton.format import BetonFile, decode_json
+from betonbuild.config.spec import FieldSpec
+from betonbuild.fields.kind import Fail, StoredSample, describe
+from betonbuild.fields.payload import PayloadKind
+
+
+class JSONKind(PayloadKind):
+    name = "json"
+
+    def build(self, field: FieldSpec):
+        from ffcv.fields import JSONField
+
+        return JSONField()
+
+    def check(self, field: FieldSpec, value: Any, fail: Fail) -> Any:
+        if field.options.get("json_numpy") == "convert":
+            value = _numpy_to_python(value)
+        problem = _json_problem(value, "value")
+        if problem:
+            raise fail(problem, "return plain Python values (use .item()/.tolist()), or set `json_numpy: convert`")
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise fail(
+                f"value is not JSON-encodable: {exc}",
+                "return dicts, lists, str, int, float, bool or None (no sets, bytes or objects)",
+            ) from None
+        return value
+
+    def compare(self, field: FieldSpec, stored: StoredSample, value: Any, stats: dict) -> str | None:
+        found = decode_json(stored.beton.variable_payload(field.name, stored.position))
+        return None if found == json.loads(json.dumps(value)) else f"stored {found!r} != source"
+
+    def loader_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
+        from ffcv.fields.json import JSONField
+
+        return JSONField.unpack(item) == decode_json(beton.variable_payload(field.name, position))
+
+
+def _json_problem(value: Any, where: str) -> str | None:
+    """Finds what json.dumps would reject or silently change (numpy values, NaN, non-str keys)."""
+    if isinstance(value, (np.generic, np.ndarray)) and not isinstance(value, str):
+        return f"{where} is a {describe(value)}; JSON needs plain Python values"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} is {value}, which JSON cannot represent"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{where} has key {key!r} of type {type(key).__name__}; JSON would turn it into a string"
+            problem = _json_problem(item, f"{where}[{key!r}]")
+            if problem:
+                return problem
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problem = _json_problem(item, f"{where}[{i}]")
+            if problem:
+                return problem
+    return None
+
+
+def _numpy_to_python(value: Any) -> Any:
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _numpy_to_python(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_numpy_to_python(v) for v in value]
+    return value
+
+
+KIND = JSONKind()

@@ -1,0 +1,176 @@
+"""``type: rgb_image``: a uint8 HxWx3 image, stored raw or as JPEG (ffcv's ``RGBImageField``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from betonbuild.beton.format import BetonFile, FieldInfo, decode_image
+from betonbuild.config.spec import FieldSpec
+from betonbuild.errors import BetonFormatError, ConfigError
+from betonbuild.fields.kind import Fail, FieldKind, StoredSample, describe
+
+MAX_IMAGE_SIDE = 65535  # ffcv stores width and height as <u2
+LOADER_JPEG_MEAN_ERROR = 4.0  # two JPEG decoders of one file; a different image differs by ~50+
+_DIGEST_HEADER = np.dtype([("mode", "u1"), ("width", "<u2"), ("height", "<u2"), ("length", "<u8")])
+
+
+def expected_image(field: FieldSpec, image: np.ndarray) -> np.ndarray:
+    """What ffcv stores for a source image: resized (INTER_AREA, never upscaled) to max_resolution."""
+    if field.options["max_resolution"] is None:
+        return image  # what ffcv's resizer returns then (and it needs no import of ffcv)
+    from ffcv.fields.rgb_image import resizer
+
+    return resizer(image, field.options["max_resolution"])
+
+
+class RGBImageKind(FieldKind):
+    name = "rgb_image"
+    cost_per_sample_s = 0.05
+    preview_roles = ("image",)
+
+    def normalise(self, where: str, options: dict[str, Any]) -> dict[str, Any]:
+        if options["write_mode"] == "smart" and options["smart_threshold"] is None:
+            raise ConfigError(
+                f"{where}.smart_threshold",
+                "write_mode 'smart' needs smart_threshold (image bytes, height*width*3, above which it is stored "
+                "as JPEG); "
+                "without it ffcv stores raw and wastes a JPEG encode per image",
+            )
+        return options
+
+    def build(self, field: FieldSpec):
+        from ffcv.fields import RGBImageField
+
+        o = field.options
+        return RGBImageField(
+            write_mode=o["write_mode"],
+            max_resolution=o["max_resolution"],
+            smart_threshold=o["smart_threshold"],
+            jpeg_quality=o["jpeg_quality"],
+            compress_probability=o["compress_probability"],
+        )
+
+    def check(self, field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
+        value = _as_rgb_array(field, value, fail)
+        height, width = value.shape[:2]
+        if not (1 <= height <= MAX_IMAGE_SIDE and 1 <= width <= MAX_IMAGE_SIDE):
+            raise fail(
+                f"image is {width}x{height}; each side must be 1..{MAX_IMAGE_SIDE} pixels",
+                "skip or resize such images in the adapter, or set the field's max_resolution",
+            )
+        max_resolution = field.options.get("max_resolution")
+        if max_resolution and max(height, width) > max_resolution:
+            ratio = max_resolution / max(height, width)
+            if int(ratio * height) < 1 or int(ratio * width) < 1:
+                raise fail(
+                    f"image {width}x{height} would be resized to zero pixels by max_resolution {max_resolution}",
+                    "raise max_resolution, or pad or skip such thin images in the adapter",
+                )
+        return np.ascontiguousarray(value)
+
+    def decoded_bytes(self, field: FieldSpec, page_size: int) -> int:
+        if field.options.get("max_resolution"):
+            return 3 * field.options["max_resolution"] ** 2
+        return page_size
+
+    def compare_needs_ffcv(self, field: FieldSpec) -> bool:
+        return field.options["max_resolution"] is not None  # ffcv's resizer
+
+    def compare(self, field: FieldSpec, stored: StoredSample, value: Any, stats: dict) -> str | None:
+        import cv2
+
+        expected = expected_image(field, value)
+        found, raw = stored.image(field.name)
+        if found.shape != expected.shape:
+            return f"image shape {found.shape}, expected {expected.shape}"
+        if raw:
+            stats["raw"] = stats.get("raw", 0) + 1
+            return None if np.array_equal(found, expected) else "raw image pixels differ"
+        expected = np.ascontiguousarray(expected)
+        mean = cv2.norm(found, expected, cv2.NORM_L1) / max(found.size, 1)
+        worst = int(cv2.norm(found, expected, cv2.NORM_INF))
+        stats["jpeg"] = stats.get("jpeg", 0) + 1
+        stats["jpeg_mean_abs_error_sum"] = stats.get("jpeg_mean_abs_error_sum", 0.0) + mean
+        stats["jpeg_mean_abs_error_max"] = max(stats.get("jpeg_mean_abs_error_max", 0.0), round(mean, 3))
+        stats["jpeg_max_abs_error_max"] = max(stats.get("jpeg_max_abs_error_max", 0), worst)
+        if mean > stored.tolerance:
+            return f"JPEG mean absolute pixel error {mean:.2f} exceeds the tolerance {stored.tolerance}"
+        return None
+
+    def report_stats(self, field: FieldSpec, column: int, stats: dict, tolerance: float) -> None:
+        if "jpeg_mean_abs_error_sum" in stats:
+            stats["jpeg_mean_abs_error_mean"] = round(stats.pop("jpeg_mean_abs_error_sum") / max(stats["jpeg"], 1), 3)
+        stats["jpeg_tolerance"] = tolerance
+
+    def loader_pipeline(self, field: FieldSpec, beton: BetonFile, n: int) -> list | None:
+        from ffcv.fields.decoders import SimpleRGBImageDecoder
+
+        meta = beton.metadata[field.name][:n]
+        if len(np.unique(meta["width"])) == 1 and len(np.unique(meta["height"])) == 1:
+            return [SimpleRGBImageDecoder()]
+        return None  # SimpleRGBImageDecoder needs one image size
+
+    def loader_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
+        # ffcv decodes JPEG with libturbojpeg, we with cv2: their IDCTs differ by about 1 level.
+        mine = decode_image(beton, field.name, position).astype(np.int16)
+        return item.shape == mine.shape and np.abs(item.astype(np.int16) - mine).mean() < LOADER_JPEG_MEAN_ERROR
+
+    def digest_column(self, beton: BetonFile, info: FieldInfo, rows: np.ndarray, meta: np.ndarray):
+        """mode ``u1``, width ``<u2``, height ``<u2``, ``<u8`` length, then the payload."""
+        sizes = beton.image_sizes(info.name, rows)
+        bad = sizes < 0
+        if bad.any():
+            row = int(rows[np.argmax(bad)])
+            mode = int(meta["mode"][np.argmax(bad)])
+            why = "unknown image mode" if mode not in (0, 1) else "JPEG pointer not in the allocation table"
+            raise BetonFormatError(f"{beton.path}: sample {row} field '{info.name}': {why}")
+        beton.check_payloads_inside(meta["data_ptr"], sizes.astype(np.uint64), f"field '{info.name}'")
+        headers = np.zeros(len(rows), dtype=_DIGEST_HEADER)
+        for key in ("mode", "width", "height"):
+            headers[key] = meta[key]
+        headers["length"] = sizes
+        head_bytes = headers.view(np.uint8).reshape(len(rows), -1)
+        ptrs = meta["data_ptr"]
+        return lambda i, row, allocs: (head_bytes[i], beton.mm[int(ptrs[i]) : int(ptrs[i]) + int(sizes[i])])
+
+
+def _as_rgb_array(field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
+    """A PIL image or an array as uint8 HxWx3 (converted only with ``image_mode: convert``)."""
+    from PIL import Image
+
+    convert = field.options.get("image_mode") == "convert"
+    convert_hint = "add `image_mode: convert` to the field to convert with PIL .convert('RGB')"
+    if isinstance(value, Image.Image):
+        if value.mode != "RGB":
+            if not convert:
+                raise fail(f"PIL image has mode {value.mode}, not RGB", convert_hint)
+            value = value.convert("RGB")
+        return np.asarray(value)
+    if isinstance(value, np.ndarray):
+        if value.dtype != np.uint8:
+            raise fail(f"image is {describe(value)}; RGB images are uint8", "convert to uint8 HxWx3 in your dataset")
+        if value.ndim == 3 and value.shape[0] == 3 and value.shape[2] != 3:
+            raise fail(f"image is {describe(value)}, which looks channels-first (CHW)", "use value.transpose(1, 2, 0)")
+        if value.ndim != 3 or value.shape[2] != 3:
+            channels = 1 if value.ndim == 2 else value.shape[2] if value.ndim == 3 else None
+            if not convert or channels not in (1, 4):
+                raise fail(
+                    f"image is {describe(value)}; expected HxWx3 RGB",
+                    convert_hint if channels in (1, 4) else "reduce it to 3 channels (RGB) in the adapter",
+                )
+            # HxW / HxWx1 are grey (mode L), HxWx4 is RGBA: the conversions PIL's .convert("RGB") defines.
+            value = np.asarray(
+                Image.fromarray(value.reshape(value.shape[:2]) if channels == 1 else value).convert("RGB")
+            )
+        return value
+    if type(value).__module__ == "torch":
+        raise fail(
+            f"image is a {describe(value)}",
+            "return a uint8 HxWx3 numpy array (e.g. tensor.permute(1, 2, 0).numpy()) or a PIL RGB image",
+        )
+    raise fail(f"rgb_image field got {describe(value)}", "return a uint8 HxWx3 numpy array or a PIL RGB image")
+
+
+KIND = RGBImageKind()

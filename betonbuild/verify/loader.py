@@ -1,0 +1,184 @@
+"""One batch through the real ``ffcv.Loader``, compared with what the memmap reader decoded; run in a
+child process (``LoaderProcess``) where the comparisons need nothing of ffcv, so that importing
+ffcv (torch) and numba's compilation happen on another core, and this process never imports them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from betonbuild.beton.format import BetonFile
+from betonbuild.config.load import spec_from_dict
+from betonbuild.config.spec import DatasetSpec
+from betonbuild.fields import field_kind
+from betonbuild.fields.custom import custom_handlers
+from betonbuild.fields.kind import OWN_DECODER
+from betonbuild.sources import source_class
+
+
+def content_without_ffcv(spec: DatasetSpec) -> bool:
+    """Whether comparing the samples needs neither ffcv's nor torch's modules, so that the Loader batch
+    can run in a child process (``start_loader_process``) and this one import neither. Custom field
+    classes are ffcv Fields, torch_tensor values need torch, ``max_resolution`` needs ffcv's resizer
+    (``FieldKind.compare_needs_ffcv``); a ``python`` source may import anything. (Reading shards
+    imports webdataset, and so torch, but not ffcv: the Loader's import and numba compile still move
+    to the other core.)"""
+    if source_class(spec).may_import_ffcv:
+        return False
+    return not any(field_kind(f).compare_needs_ffcv(f) for f in spec.fields)
+
+
+def import_ffcv() -> None:
+    """ffcv's modules import each other in cycles: importing them from two threads at once fails
+    ("partially initialized module"), so the main thread imports all of them before the pool starts."""
+    import ffcv.fields.basics  # noqa: F401
+    import ffcv.fields.bytes  # noqa: F401
+    import ffcv.fields.decoders  # noqa: F401
+    import ffcv.fields.json  # noqa: F401
+    import ffcv.fields.ndarray  # noqa: F401
+    import ffcv.fields.rgb_image  # noqa: F401
+    import ffcv.libffcv  # noqa: F401
+    import ffcv.loader  # noqa: F401
+
+
+def start_loader_process(spec: DatasetSpec, threads: int = 2) -> LoaderProcess | None:
+    """The child process that will run the Loader batch of ``spec``'s file, started now: it imports
+    ffcv meanwhile, then waits for ``request``. None where the comparisons need ffcv's modules
+    anyway (``content_without_ffcv``: the batch then runs on a thread), for a job of one thread
+    (a second process would use a core Snakemake did not give it: the parts' verifications run
+    side by side), or where no process can start."""
+    return LoaderProcess.start() if threads > 1 and content_without_ffcv(spec) else None
+
+
+class LoaderProcess:
+    """``check_loader_batch`` in a child process of the same Python, with this one's ``sys.path``
+    and working directory. ``request`` sends it the file (once the structural checks allow ffcv's
+    Loader to read it), ``result`` waits for its (ok, detail), ``close`` ends it if still running.
+    A crash of ffcv's Loader (it reads pointers unchecked) fails the check, not the whole report."""
+
+    def __init__(self, process: subprocess.Popen, stderr):
+        self.process, self.stderr, self.answer = process, stderr, None
+
+    @classmethod
+    def start(cls) -> LoaderProcess | None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+        stderr = tempfile.TemporaryFile()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-c", "from betonbuild.verify.loader import loader_child; loader_child()"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=env,
+            )
+        except (OSError, ValueError):
+            stderr.close()
+            return None
+        return cls(process, stderr)
+
+    def request(self, path: str, spec: DatasetSpec) -> LoaderProcess:
+        try:
+            with self.process.stdin:
+                self.process.stdin.write(json.dumps({"path": path, "spec": spec.to_dict()}).encode())
+        except BrokenPipeError:
+            pass  # it ended already: result() reports how
+        self.process.stdin = None  # closed: communicate() must not flush it
+        return self
+
+    def result(self) -> tuple[bool, str]:
+        if self.answer is None:
+            out, _ = self.process.communicate()
+            self.stderr.seek(0)
+            errors = self.stderr.read().decode(errors="replace").strip()
+            try:
+                answer = json.loads(out.decode().strip().splitlines()[-1])
+                self.answer = bool(answer["ok"]), str(answer["detail"])
+            except (ValueError, KeyError, TypeError, IndexError):
+                tail = errors.splitlines()[-1] if errors else "no error output"
+                self.answer = False, f"ffcv.Loader's process ended with exit code {self.process.returncode}: {tail}"
+        return self.answer
+
+    def close(self) -> None:
+        """Kills the child unless its answer was read (a report that ended before the Loader batch)."""
+        if self.answer is None and self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def loader_child() -> None:
+    """The child process of ``LoaderProcess``: imports ffcv at once, then reads {path, spec} on stdin
+    and prints {ok, detail} (nothing on stdin: it is not needed, and exits)."""
+    try:
+        import_ffcv()
+        failure = None
+    except Exception as exc:  # noqa: BLE001 - reported as the check's failure below
+        failure = f"importing ffcv failed: {type(exc).__name__}: {exc}"
+    data = sys.stdin.read()
+    if not data:
+        os._exit(0)
+    try:
+        if failure:
+            raise RuntimeError(failure)
+        request = json.loads(data)
+        spec = spec_from_dict(request["spec"])
+        ok, detail = check_loader_batch(BetonFile(request["path"], custom_handlers=custom_handlers(spec)), spec)
+    except Exception as exc:  # noqa: BLE001 - as Report.run: a check that crashes is a failed check
+        ok, detail = False, failure or f"{type(exc).__name__}: {exc}"
+    sys.stdout.write("\n" + json.dumps({"ok": bool(ok), "detail": detail}) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # skips the interpreter's teardown of torch and numba (~0.1 s): nothing is left to do
+
+
+def check_loader_batch(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str]:
+    """One batch through the real ffcv.Loader, compared with what the memmap reader decoded."""
+    from ffcv.loader import Loader, OrderOption
+
+    n = min(spec.verify["loader_batch"], beton.num_samples)
+    pipelines, skipped = {}, []
+    for field in spec.fields:
+        pipeline = field_kind(field).loader_pipeline(field, beton, n)
+        if pipeline is OWN_DECODER:
+            continue  # the class's own decoder (get_decoder_class), registered below
+        pipelines[field.name] = pipeline
+        if pipeline is None:
+            skipped.append(field.name)
+    loader = Loader(
+        beton.path,
+        batch_size=n,
+        num_workers=1,
+        order=OrderOption.SEQUENTIAL,
+        indices=list(range(n)),
+        pipelines=pipelines,
+        drop_last=False,
+        custom_fields=custom_handlers(spec),
+    )
+    batch = next(iter(loader))
+    batch = [b.numpy() if hasattr(b, "numpy") else np.asarray(b) for b in batch]
+    loaded = dict(zip([f.name for f in spec.fields if pipelines.get(f.name, True) is not None], batch))
+    problems, unchecked = [], []
+    for field in spec.fields:
+        if field.name not in loaded:
+            continue
+        kind, items = field_kind(field), loaded[field.name]
+        if not kind.loader_comparable(field):
+            unchecked.append(field.name)
+            continue
+        for position in range(n):
+            if not kind.loader_equal(field, beton, items[position], position):
+                problems.append(f"field '{field.name}' sample {position}: ffcv.Loader and the file disagree")
+                break
+    detail = "; ".join(problems) or f"ffcv.Loader read {n} samples, equal to the file's decoded content"
+    if skipped:
+        detail += f" (fields {skipped} skipped: images of several sizes)"
+    if unchecked:
+        detail += f" (custom fields {unchecked} loaded; their classes have no decode/from_loader to compare)"
+    return not problems, detail

@@ -1,0 +1,41 @@
+"""Header-level checks of a .beton against its config: the fields' descriptors, the allocations."""
+
+from __future__ import annotations
+
+from betonbuild.beton.format import BetonFile, structural_checks
+from betonbuild.config.spec import DatasetSpec
+from betonbuild.fields import field_kind
+
+
+def check_fields(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str, dict]:
+    """The file's fields are the config's, in order, with the same type ids and descriptor arguments."""
+    expected = [(f.name, field_kind(f).type_id) for f in spec.fields]
+    found = [(f.name, f.type_id) for f in beton.fields]
+    arguments = {f.name: f.describe_arguments() for f in beton.fields if f.describe_arguments()}
+    if found != expected:
+        return False, f"file has {found}, config says {expected}", {"arguments": arguments}
+    problems = [field_kind(field).descriptor_problem(field, info) for field, info in zip(spec.fields, beton.fields)]
+    problems = [p for p in problems if p]
+    detail = "; ".join(problems) or f"{len(found)} fields in config order with ffcv type ids {[t for _, t in found]}"
+    return not problems, detail, {"arguments": arguments}
+
+
+def allowed_empty(spec: DatasetSpec) -> tuple[str, ...]:
+    """The fields whose size-0 allocations are values, not defects."""
+    return tuple(f.name for f in spec.fields if field_kind(f).allow_empty(f))
+
+
+def check_structure(beton: BetonFile, allow_empty: tuple[str, ...]) -> tuple[bool, str, dict]:
+    """``beton.structural_checks``: allocations inside the data region, one page each, no overlap..."""
+    checks = structural_checks(beton, allow_empty)
+    failed = [c for c in checks if not c["ok"]]
+    flagged = [c for c in checks if c["ok"] and c.get("flagged")]
+    if failed:
+        detail = "; ".join(f"{c['name']}: {c['detail']}" for c in failed)
+    else:
+        detail = (
+            f"{len(beton.alloc_table)} allocations inside the page-aligned data region, one page each, "
+            "no overlap, each sample on one page, every metadata pointer an allocation of its sample"
+        )
+        detail += "".join(f"; flagged: {c['detail']}" for c in flagged)
+    return not failed, detail, {"structure": checks}
