@@ -317,7 +317,9 @@ def verify_runtime(wildcards, input, threads, attempt):
         else _input_bytes(spec, input)
     )
     fixed = (
-        samples * SECONDS_PER_FIXED_VALUE * sum(field_kind(f).fixed_size for f in spec.fields)
+        samples
+        * SECONDS_PER_FIXED_VALUE
+        * sum(field_kind(f).fixed_size for f in spec.fields)
     )
     decoded = (
         samples

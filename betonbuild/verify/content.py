@@ -36,7 +36,7 @@ class Context:
     indices: np.ndarray  # the source index each position must hold
     mode: str
     fixed: list[tuple[int, Any]]  # (column, field) of the fixed-size fields
-    variable: list[tuple[int, Any]]  # (column, field) of the others: rgb_image, bytes, json and custom
+    variable: list[tuple[int, Any]]  # (column, field) of the variable-size and custom fields
     columns: dict[str, Any]  # fixed-field values read vectorised from the source
     selected: np.ndarray  # per position: whether its variable fields are compared
     positions_per_task: int

@@ -152,8 +152,8 @@ def _verify_file(
     # ffcv's Loader does not bounds-check, so it only reads a file whose structure is sound.
     # Importing ffcv (torch) and numba's compilation are ~2 s of one core that hold the GIL: in a
     # thread they would starve the comparing threads, which need the GIL between decodes. When the
-    # comparisons need none of ffcv's modules, the child process (``start_loader_process``) runs the Loader
-    # batch meanwhile, and this one never imports ffcv.
+    # comparisons need none of ffcv's modules, the child process (``start_loader_process``) runs the
+    # Loader batch meanwhile, and this one never imports ffcv.
     if child is None:
         import_ffcv()  # here, before the pool runs: the comparisons or the Loader batch need ffcv's modules
         loader = pool.submit(check_loader_batch, beton, spec) if structure_ok else None
