@@ -92,8 +92,8 @@ def _leaves(beton: BetonFile, start: int, stop: int, threads: int) -> list[bytes
 
 def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
     """The sha256 leaf of one block of ``blocks``: callers may hash the blocks on their own threads."""
-    rows = np.arange(start, stop)
-    columns = [_column(beton, info, rows) for info in beton.fields]
+    positions = np.arange(start, stop)
+    columns = [_column(beton, info, positions) for info in beton.fields]
     digest = hashlib.sha256()
     if all(isinstance(c, np.ndarray) for c in columns):
         digest.update(np.hstack(columns).tobytes())  # fixed-size only: sample-major bytes in one go
@@ -101,13 +101,13 @@ def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
     has_custom = any(
         kind_of_type_id(f.type_id, f"{beton.path}: field '{f.name}'").custom_allocations for f in beton.fields
     )
-    for i, row in enumerate(rows):
-        allocations = beton.custom_allocations(int(row)) if has_custom else []
+    for i, position in enumerate(positions):
+        allocations = beton.custom_allocations(int(position)) if has_custom else []
         for column in columns:
             if isinstance(column, np.ndarray):
                 digest.update(column[i])
             else:
-                for part in column(i, int(row), allocations):
+                for part in column(i, int(position), allocations):
                     digest.update(part)
         if has_custom:
             digest.update(np.uint64(len(allocations)).astype("<u8").tobytes())
@@ -117,7 +117,9 @@ def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
     return digest.digest()
 
 
-def _column(beton: BetonFile, info, rows: np.ndarray):
-    """Either an (n, k) uint8 array of every row's canonical bytes, or a function (i, row, allocs) -> parts."""
-    meta = beton.metadata[info.name][rows]
-    return kind_of_type_id(info.type_id, f"{beton.path}: field '{info.name}'").digest_column(beton, info, rows, meta)
+def _column(beton: BetonFile, info, positions: np.ndarray):
+    """An (n, k) uint8 array of every position's canonical bytes, or a function (i, position, allocs) -> parts."""
+    meta = beton.metadata[info.name][positions]
+    return kind_of_type_id(info.type_id, f"{beton.path}: field '{info.name}'").digest_column(
+        beton, info, positions, meta
+    )

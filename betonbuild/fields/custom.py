@@ -222,11 +222,11 @@ class CustomKind(FieldKind):
         payloads = [np.asarray(beton.read(p, s)) for p, s in beton.custom_allocations(position)]
         return values_equal(instance.from_loader(item), instance.decode(beton.metadata[field.name][position], payloads))
 
-    def digest_column(self, beton: BetonFile, info: FieldInfo, rows: np.ndarray, meta: np.ndarray):
+    def digest_column(self, beton: BetonFile, info: FieldInfo, positions: np.ndarray, meta: np.ndarray):
         """``<u8`` record length, then the record with the sample's allocation pointers normalised."""
 
-        def parts(i: int, row: int, allocations: list[tuple[int, int]]) -> tuple[bytes, bytes]:
-            record = normalise_pointers(beton.record_bytes(info.name, row), allocations)
+        def parts(i: int, position: int, allocations: list[tuple[int, int]]) -> tuple[bytes, bytes]:
+            record = normalise_pointers(beton.record_bytes(info.name, position), allocations)
             return np.uint64(len(record)).astype("<u8").tobytes(), record
 
         return parts

@@ -47,7 +47,7 @@ class ScalarKind(FixedKind):
         expected = beton.metadata[field.name][position]
         return item.reshape(-1)[0] == expected or (np.isnan(expected) and np.isnan(item).all())
 
-    def digest_column(self, beton: BetonFile, info: FieldInfo, rows: np.ndarray, meta: np.ndarray):
+    def digest_column(self, beton: BetonFile, info: FieldInfo, positions: np.ndarray, meta: np.ndarray):
         return np.ascontiguousarray(meta, dtype=self.digest_dtype).view(np.uint8).reshape(-1, 8)
 
 

@@ -149,7 +149,7 @@ class FieldKind:
 
     # --- content digest ------------------------------------------------------------------------------
 
-    def digest_column(self, beton: BetonFile, info: FieldInfo, rows: np.ndarray, meta: np.ndarray):
-        """The canonical bytes of the field in samples ``rows`` (``betonbuild.beton.digest``): an (n, k)
-        uint8 array, or a function (i, row, allocations) -> the parts of sample i."""
+    def digest_column(self, beton: BetonFile, info: FieldInfo, positions: np.ndarray, meta: np.ndarray):
+        """The canonical bytes of the field in samples ``positions`` (``betonbuild.beton.digest``): an (n, k)
+        uint8 array, or a function (i, position, allocations) -> the parts of sample i."""
         raise NotImplementedError(self.name)

@@ -17,9 +17,9 @@ class PayloadKind(FieldKind):
 
         return [BytesDecoder()]
 
-    def digest_column(self, beton: BetonFile, info: FieldInfo, rows: np.ndarray, meta: np.ndarray):
+    def digest_column(self, beton: BetonFile, info: FieldInfo, positions: np.ndarray, meta: np.ndarray):
         """``<u8`` length, then the payload."""
         ptrs, sizes = meta["ptr"], meta["size"]
         beton.check_payloads_inside(ptrs, sizes, f"field '{info.name}'")
         lengths = np.ascontiguousarray(sizes, dtype="<u8").view(np.uint8).reshape(-1, 8)
-        return lambda i, row, allocs: (lengths[i], beton.mm[int(ptrs[i]) : int(ptrs[i]) + int(sizes[i])])
+        return lambda i, position, allocs: (lengths[i], beton.mm[int(ptrs[i]) : int(ptrs[i]) + int(sizes[i])])

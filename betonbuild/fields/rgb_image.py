@@ -117,23 +117,23 @@ class RGBImageKind(FieldKind):
         mine = decode_image(beton, field.name, position).astype(np.int16)
         return item.shape == mine.shape and np.abs(item.astype(np.int16) - mine).mean() < LOADER_JPEG_MEAN_ERROR
 
-    def digest_column(self, beton: BetonFile, info: FieldInfo, rows: np.ndarray, meta: np.ndarray):
+    def digest_column(self, beton: BetonFile, info: FieldInfo, positions: np.ndarray, meta: np.ndarray):
         """mode ``u1``, width ``<u2``, height ``<u2``, ``<u8`` length, then the payload."""
-        sizes = beton.image_sizes(info.name, rows)
+        sizes = beton.image_sizes(info.name, positions)
         bad = sizes < 0
         if bad.any():
-            row = int(rows[np.argmax(bad)])
+            position = int(positions[np.argmax(bad)])
             mode = int(meta["mode"][np.argmax(bad)])
             why = "unknown image mode" if mode not in (0, 1) else "JPEG pointer not in the allocation table"
-            raise BetonFormatError(f"{beton.path}: sample {row} field '{info.name}': {why}")
+            raise BetonFormatError(f"{beton.path}: sample {position} field '{info.name}': {why}")
         beton.check_payloads_inside(meta["data_ptr"], sizes.astype(np.uint64), f"field '{info.name}'")
-        headers = np.zeros(len(rows), dtype=_DIGEST_HEADER)
+        headers = np.zeros(len(positions), dtype=_DIGEST_HEADER)
         for key in ("mode", "width", "height"):
             headers[key] = meta[key]
         headers["length"] = sizes
-        head_bytes = headers.view(np.uint8).reshape(len(rows), -1)
+        head_bytes = headers.view(np.uint8).reshape(len(positions), -1)
         ptrs = meta["data_ptr"]
-        return lambda i, row, allocs: (head_bytes[i], beton.mm[int(ptrs[i]) : int(ptrs[i]) + int(sizes[i])])
+        return lambda i, position, allocs: (head_bytes[i], beton.mm[int(ptrs[i]) : int(ptrs[i]) + int(sizes[i])])
 
 
 def _as_rgb_array(field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
