@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from betonbuild.atomic import atomic_path
-from betonbuild.beton.format import BetonFile, decode_image
+from betonbuild.beton.format import BetonFile
+from betonbuild.beton.payloads import decode_image
 from betonbuild.config.spec import DatasetSpec
 
 CELL = 96  # pixels per thumbnail side

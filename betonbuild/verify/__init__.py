@@ -24,16 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from betonbuild.beton.checks import structural_checks
 from betonbuild.beton.digest import blocks, content_from_leaves, leaf, range_from_leaves
-from betonbuild.beton.format import (
-    IMAGE_MODE_RAW,
-    MAX_DECODED_PIXELS,
-    BetonFile,
-    decode_image,
-    decode_json,
-    jpeg_dimensions,
-    structural_checks,
-)
+from betonbuild.beton.format import IMAGE_MODE_RAW, BetonFile
+from betonbuild.beton.payloads import MAX_DECODED_PIXELS, decode_image, decode_json, jpeg_dimensions
 from betonbuild.config.load import spec_from_dict
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError, BetonFormatError
