@@ -163,7 +163,43 @@ def merge_betons(
     num_allocations = sum(len(p.alloc_table) for p in headed)
     final_size = alloc_table_ptr + ALLOC_TABLE_TYPE.itemsize * num_allocations
 
-    # Shift every part's pointers to where its region lands; offset its sample ids.
+    metadata_blocks, alloc_blocks, part_records = _shifted_tables(headed, columns, record_type, data_start, padded)
+
+    header = np.zeros(1, dtype=HEADER_TYPE)
+    header["version"] = FORMAT_VERSION
+    header["num_fields"] = num_fields
+    header["page_size"] = page_size
+    header["num_samples"] = num_samples
+    header["alloc_table_ptr"] = alloc_table_ptr
+    head = b"".join([header.tobytes(), first.descriptors, *(b.tobytes() for b in metadata_blocks)])
+    assert len(head) == metadata_end
+    table_bytes = b"".join(t.tobytes() for t in alloc_blocks)
+    copier = _write_merged(target, method, head, headed, part_records, table_bytes, alloc_table_ptr, final_size)
+
+    return {
+        "target": str(target),
+        "num_parts": len(headed),
+        "num_samples": num_samples,
+        "samples_per_part": [p.num_samples for p in headed],
+        "page_size": page_size,
+        "num_fields": num_fields,
+        "data_start": data_start,
+        "alloc_table_ptr": alloc_table_ptr,
+        "size": final_size,
+        "bytes_copied": copier.bytes_copied,
+        "method": copier.method_used,
+        "method_reason": copier.fallback_reason,
+        "filesystem": copier.filesystem,
+        "seconds": round(time.monotonic() - started, 3),
+        "parts": part_records,
+    }
+
+
+def _shifted_tables(
+    headed: list[_Part], columns: list[_Column], record_type: np.dtype, data_start: int, padded: list[int]
+) -> tuple[list[np.ndarray], list[np.ndarray], list[dict[str, Any]]]:
+    """Every part's metadata and allocation table with pointers shifted to where its region lands and
+    sample ids offset, and per part the record of where it went."""
     metadata_blocks, alloc_blocks, part_records = [], [], []
     region_offset, sample_offset = data_start, 0
     for part, region in zip(headed, padded):
@@ -192,17 +228,20 @@ def merge_betons(
         )
         region_offset += region
         sample_offset += part.num_samples
+    return metadata_blocks, alloc_blocks, part_records
 
-    header = np.zeros(1, dtype=HEADER_TYPE)
-    header["version"] = FORMAT_VERSION
-    header["num_fields"] = num_fields
-    header["page_size"] = page_size
-    header["num_samples"] = num_samples
-    header["alloc_table_ptr"] = alloc_table_ptr
-    head = b"".join([header.tobytes(), first.descriptors, *(b.tobytes() for b in metadata_blocks)])
-    assert len(head) == metadata_end
-    table_bytes = b"".join(t.tobytes() for t in alloc_blocks)
 
+def _write_merged(
+    target: Path,
+    method: str,
+    head: bytes,
+    headed: list[_Part],
+    part_records: list[dict[str, Any]],
+    table_bytes: bytes,
+    alloc_table_ptr: int,
+    final_size: int,
+) -> Copier:
+    """Writes header + metadata, every part's data region and the table at ``target`` (temp file + rename)."""
     with atomic_path(target) as tmp:
         copier = Copier(method, target.parent)
         try:
@@ -228,24 +267,7 @@ def merge_betons(
             raise
         if os.path.getsize(tmp) != final_size:
             raise MergeError(f"{target}: wrote {os.path.getsize(tmp)} bytes, expected {final_size}")
-
-    return {
-        "target": str(target),
-        "num_parts": len(headed),
-        "num_samples": num_samples,
-        "samples_per_part": [p.num_samples for p in headed],
-        "page_size": page_size,
-        "num_fields": num_fields,
-        "data_start": data_start,
-        "alloc_table_ptr": alloc_table_ptr,
-        "size": final_size,
-        "bytes_copied": copier.bytes_copied,
-        "method": copier.method_used,
-        "method_reason": copier.fallback_reason,
-        "filesystem": copier.filesystem,
-        "seconds": round(time.monotonic() - started, 3),
-        "parts": part_records,
-    }
+    return copier
 
 
 def _read_header(index: int, path: str) -> _Part:
