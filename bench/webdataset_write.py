@@ -319,7 +319,8 @@ def side_c(project: Path, workers: int) -> dict:
 
 def content_check(a: Path, b: Path) -> dict:
     """Same logical content: labels equal in order, images within a small tolerance."""
-    from betonbuild.beton.format import BetonFile, decode_image
+    from betonbuild.beton.format import BetonFile
+    from betonbuild.beton.payloads import decode_image
 
     fa, fb = BetonFile(a), BetonFile(b)
     assert fa.num_samples == fb.num_samples == SAMPLES, (fa.num_samples, fb.num_samples)

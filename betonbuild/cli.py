@@ -9,115 +9,44 @@ import sys
 import tempfile
 import traceback
 
-from betonbuild.errors import BetonbuildError
+from betonbuild.atomic import atomic_path
+from betonbuild.errors import BetonbuildError, VerificationError
+from betonbuild.workflow.status import default_snakefile, status
 
 
 def _inspect(args) -> int:
     """Any .beton, also one betonbuild did not write; custom fields need --custom to show their values."""
-    from betonbuild.beton.format import BetonFile, UnregisteredCustomField, describe
+    # why local: the reader needs numpy, which `betonbuild --help` and the other commands need not import
+    from betonbuild.beton.describe import as_text, describe, describe_incomplete
+    from betonbuild.beton.format import BetonFile, UnregisteredCustomField
 
-    handlers = _custom_classes(args.custom)
+    handlers = _custom_handlers(args.custom)
     try:
         info = describe(BetonFile(args.file, custom_handlers=handlers), samples=args.samples, digest=args.digest)
     except UnregisteredCustomField as exc:
-        info = {
-            "file": args.file,
-            "header": exc.header,
-            "fields": [
-                {
-                    "name": f.name,
-                    "type": f.type_name,
-                    "type_id": f.type_id,
-                    **({"arguments": f.describe_arguments()} if f.type_id != 255 else {}),
-                }
-                for f in exc.fields
-            ],
-            "incomplete": str(exc),
-        }
+        info = describe_incomplete(args.file, exc)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
     else:
-        print(_inspect_text(info))
+        print(as_text(info))
     return 2 if info.get("structure_ok") is False else 0
 
 
-def _custom_classes(items: list[str]) -> dict[str, type]:
-    from betonbuild.fields.custom import load_class
+def _custom_handlers(items: list[str]) -> dict[str, type]:
+    """``--custom NAME=pkg.module:Class`` options as the reader's ``custom_handlers`` ({field name: class})."""
+    from betonbuild.fields.custom import load_class  # why local: it imports numpy (see _inspect)
 
-    classes = {}
+    handlers = {}
     for item in items or []:
         name, sep, path = item.partition("=")
         if not sep:
             raise BetonbuildError(f"--custom {item!r}: write NAME=pkg.module:Class")
-        classes[name] = load_class(path, f"--custom {name}")
-    return classes
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _inspect_text(info: dict) -> str:
-    header = info["header"]
-    lines = [
-        f"file          {info['file']} ({_human(header.get('bytes', info.get('bytes', 0)))})",
-        f"format        version {header['version']}, page size {_human(header['page_size'])} "
-        f"({header['page_size']} bytes)",
-        f"samples       {header['num_samples']}",
-    ]
-    if "incomplete" in info:
-        lines.append("fields")
-        lines += [
-            f"  {i:>2}  {f['name']:<16} {f['type']:<12} type id {f['type_id']}" for i, f in enumerate(info["fields"])
-        ]
-        lines.append(f"incomplete    {info['incomplete']}")
-        return "\n".join(lines)
-    layout = info["layout"]
-    lines.append(
-        f"data region   bytes [{layout['data_region'][0]}, {layout['data_region'][1]}): {layout['pages']} pages, "
-        f"{layout['pages_used']} used, fill ratio {layout['fill_ratio']:.1%}"
-    )
-    lines.append(
-        f"allocations   {layout['allocations']} ({_human(layout['allocated_bytes'])}); metadata "
-        f"{layout['metadata_record_bytes']} bytes per sample"
-    )
-    lines.append("fields")
-    lines.append(f"  {'#':>2}  {'name':<16} {'type':<12} {'stored':>10} {'per sample':>11}  arguments")
-    for i, f in enumerate(info["fields"]):
-        stored = f["metadata_bytes"] + f["data_bytes"]
-        per = stored / header["num_samples"] if header["num_samples"] else 0
-        arguments = ", ".join(f"{k}={v}" for k, v in f["arguments"].items() if k != "note")
-        if "image_modes" in f:
-            arguments = ", ".join(f"{k} {v}" for k, v in f["image_modes"].items())
-        lines.append(f"  {i:>2}  {f['name']:<16} {f['type']:<12} {_human(stored):>10} {_human(per):>11}  {arguments}")
-    failed = [c for c in info["structure"] if not c["ok"]]
-    flagged = [c for c in info["structure"] if c["ok"] and c.get("flagged")]
-    lines.append(
-        "structure     "
-        + (
-            "ok: aligned pages, allocations in the file and on one page each, no overlap, "
-            "every metadata pointer an allocation of its sample"
-            if not failed
-            else "PROBLEMS"
-        )
-    )
-    lines += [f"  - {c['name']}: {c['detail']}" for c in failed + flagged]
-    if "content_digest" in info:
-        lines.append(f"content       sha256 {info['content_digest']}")
-    if info["samples"]:
-        lines.append(f"first {len(info['samples'])} samples")
-        for sample in info["samples"]:
-            lines.append(f"  [{sample['index']}]")
-            lines += [f"      {name:<16} {value}" for name, value in sample["fields"].items()]
-    return "\n".join(lines)
+        handlers[name] = load_class(path, f"--custom {name}")
+    return handlers
 
 
 def _repro(args) -> int:
-    from betonbuild.write.failure import replay
+    from betonbuild.write.failure import replay  # why local: it imports numpy, yaml and jsonschema
 
     try:
         values, sizes = replay(args.directory)
@@ -130,7 +59,7 @@ def _repro(args) -> int:
 
 
 def _dataset(config_path: str, name: str):
-    from betonbuild.config.load import load_config_file
+    from betonbuild.config.load import load_config_file  # why local: yaml and jsonschema, not needed by inspect
 
     datasets = load_config_file(config_path).datasets
     if name not in datasets:
@@ -140,6 +69,7 @@ def _dataset(config_path: str, name: str):
 
 def _manifest(spec, directory: str) -> str:
     """The source manifest (and, for shards, the shard list) in a scratch directory."""
+    # why local: the stages import every part of the library (numpy, yaml, the sources)
     from betonbuild.workflow.stages import make_shard_list, make_source_manifest
 
     if spec.source["kind"] == "webdataset":
@@ -150,7 +80,7 @@ def _manifest(spec, directory: str) -> str:
 
 
 def _write(args) -> int:
-    from betonbuild.workflow.stages import build
+    from betonbuild.workflow.stages import build  # why local: see _manifest
 
     spec = _dataset(args.config, args.dataset)
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,14 +92,13 @@ def _write(args) -> int:
 
 def _verify(args) -> int:
     """The workflow's report for one file: same checks, same JSON; exit 1 if a check fails."""
-    from betonbuild.errors import VerificationError
+    # why local: verification imports numpy and the whole library (see _manifest)
+    from betonbuild.config.load import spec_from_dict
     from betonbuild.verify import start_loader_process
     from betonbuild.workflow.stages import verify
 
     spec = _dataset(args.config, args.dataset)
     if args.mode:
-        from betonbuild.config.load import spec_from_dict
-
         spec = spec_from_dict({**spec.to_dict(), "verify": {**spec.verify, "mode": args.mode}})
     record = args.record or _write_record(args.file)
     threads = args.threads or len(os.sched_getaffinity(0))
@@ -199,8 +128,6 @@ def _verify(args) -> int:
         if loader is not None:
             loader.close()
     if args.output:
-        from betonbuild.atomic import atomic_path
-
         with atomic_path(args.output) as tmp_out:
             tmp_out.write_text(text)
     else:
@@ -225,8 +152,7 @@ def _write_record(beton_path: str) -> str:
 
 
 def _status(args) -> int:
-    from betonbuild.config.load import load_config_file
-    from betonbuild.workflow.status import default_snakefile, status
+    from betonbuild.config.load import load_config_file  # why local: see _dataset
 
     snakefile = args.snakefile or str(default_snakefile())
     configfile = args.configfile or os.path.join(args.directory, "config", "config.yaml")

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from betonbuild.atomic import atomic_path
-from betonbuild.beton.format import BetonFile, decode_image
+from betonbuild.beton.format import BetonFile
+from betonbuild.beton.payloads import decode_image
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.fields import field_kind
 from betonbuild.fields.custom import custom_handlers

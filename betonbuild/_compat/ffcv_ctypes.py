@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from betonbuild._compat import Checked
-from betonbuild.beton.format import MAX_DECODED_PIXELS
+from betonbuild.beton.payloads import MAX_DECODED_PIXELS
 
 CHECKED = (
     Checked(

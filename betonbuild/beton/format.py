@@ -6,6 +6,11 @@ Every size and offset is checked against the file size before anything is alloca
 truncated or hostile file gives a ``BetonFormatError``, never a crash or a huge allocation:
 parsing allocates a constant amount; the allocation-table index and the structural checks
 allocate a small multiple of the table, which is part of the file.
+
+This module holds the format's tables and the reader. Beside it: ``payloads`` decodes stored
+values (JPEG, JSON), ``checks`` holds the structural rules ffcv's Loader relies on, ``describe``
+the description behind ``betonbuild inspect``, ``digest`` the content digest, ``merge`` the join
+of part files.
 """
 
 from __future__ import annotations
@@ -56,12 +61,28 @@ METADATA_TYPES = {
     5: np.dtype([("ptr", "<u8"), ("size", "<u8")]),
     6: np.dtype("<u8"),
 }
-POINTER_TYPES = (2, 3, 4, 5, 6)  # built-in fields whose metadata points at one allocation per sample
+WHOLE_COLUMN = ""  # in a pointer-column list: the field's metadata column itself is the pointer
+# Metadata columns of ffcv's built-in fields that hold absolute file offsets.
+BUILTIN_POINTER_COLUMNS: dict[int, tuple[str, ...]] = {
+    0: (),  # float
+    1: (),  # int
+    2: ("data_ptr",),  # rgb_image: packed {mode u1, width <u2, height <u2, data_ptr <u8}
+    3: ("ptr",),  # bytes
+    4: (WHOLE_COLUMN,),  # ndarray
+    5: ("ptr",),  # json
+    6: (WHOLE_COLUMN,),  # torch_tensor
+}
+# Built-in fields whose metadata points at one allocation per sample: (2, 3, 4, 5, 6).
+POINTER_TYPES = tuple(type_id for type_id, columns in BUILTIN_POINTER_COLUMNS.items() if columns)
 IMAGE_MODE_JPEG, IMAGE_MODE_RAW = 0, 1
 MAX_CUSTOM_RECORD = 1 << 20  # bytes of one custom field's metadata record
-MAX_DECODED_PIXELS = 1 << 28  # decode_image refuses larger images (a hostile JPEG header could claim 4 G pixels)
 MAX_EQUAL_POINTERS = 4  # allocations sharing one pointer (size-0 ones collide with the next) searched per lookup
 _NAME_CHARS = set(range(0x20, 0x7F))
+
+
+def page_aligned(offset: int, page_size: int) -> int:
+    """``offset`` rounded up to a multiple of ``page_size``: where the data pages after it start."""
+    return -(-offset // page_size) * page_size
 
 
 @dataclass(frozen=True)
@@ -153,7 +174,7 @@ class BetonFile:
             )
         self.metadata_end = self.metadata_start + record * self.num_samples
         self.metadata = self.mm[self.metadata_start : self.metadata_end].view(self.metadata_type)
-        self.data_start = -(-self.metadata_end // self.page_size) * self.page_size
+        self.data_start = page_aligned(self.metadata_end, self.page_size)
         self.page_shift = self.page_size.bit_length() - 1
 
     # --- parsing ---------------------------------------------------------------------------------
@@ -334,11 +355,8 @@ class BetonFile:
     def pointer_column(self, info: FieldInfo) -> np.ndarray:
         """The pointer of every sample of a built-in pointer field (uint64)."""
         column = self.metadata[info.name]
-        if info.type_id in (3, 5):
-            return column["ptr"]
-        if info.type_id == 2:
-            return column["data_ptr"]
-        return column
+        (pointer,) = BUILTIN_POINTER_COLUMNS[info.type_id]
+        return column if pointer == WHOLE_COLUMN else column[pointer]
 
     def expected_sizes(self, info: FieldInfo) -> np.ndarray | None:
         """The allocation size each sample's metadata implies, or None where only the table knows (JPEG)."""
@@ -469,393 +487,3 @@ class BetonFile:
                 sizes[jpeg] = -1
         sizes[(column["mode"] != IMAGE_MODE_JPEG) & (column["mode"] != IMAGE_MODE_RAW)] = -1
         return sizes
-
-
-def jpeg_dimensions(payload) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's SOF marker, or None if the bytes are not a readable JPEG header."""
-    data = bytes(payload[:65536]) if len(payload) > 65536 else bytes(payload)
-    if data[:2] != b"\xff\xd8":
-        return None
-    i = 2
-    while i + 4 <= len(data):
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:
-            i += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-            i += 2
-            continue
-        length = int.from_bytes(data[i + 2 : i + 4], "big")
-        if length < 2:
-            return None
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            if i + 9 > len(data):
-                return None
-            height = int.from_bytes(data[i + 5 : i + 7], "big")
-            width = int.from_bytes(data[i + 7 : i + 9], "big")
-            return width, height
-        i += 2 + length
-    return None
-
-
-def decode_image(beton: BetonFile, name: str, row: int, bgr: bool = False) -> np.ndarray:
-    """The RGB (or, with ``bgr``, BGR) image of one sample as HxWx3 uint8; JPEG decoded with cv2.
-
-    The JPEG's own dimensions must equal the metadata's, and images above MAX_DECODED_PIXELS are
-    refused, so a hostile header cannot make the decoder allocate gigabytes.
-    """
-    import cv2
-
-    record = beton.metadata[name][row]
-    width, height = int(record["width"]), int(record["height"])
-    payload = beton.variable_payload(name, row)
-    if record["mode"] == IMAGE_MODE_RAW:
-        image = np.asarray(payload).reshape(height, width, 3)
-        return image[..., ::-1] if bgr else image
-    where = f"{beton.path}: sample {row} field '{name}'"
-    if width * height > MAX_DECODED_PIXELS:
-        raise BetonFormatError(f"{where}: {width}x{height} is above the {MAX_DECODED_PIXELS}-pixel decode limit")
-    dims = jpeg_dimensions(payload)
-    if dims is None:
-        raise BetonFormatError(f"{where} is not a decodable JPEG")
-    if dims != (width, height):
-        raise BetonFormatError(f"{where}: the JPEG is {dims[0]}x{dims[1]} but the metadata says {width}x{height}")
-    try:
-        image = cv2.imdecode(np.asarray(payload), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-    except cv2.error:
-        image = None
-    if image is None or image.shape != (height, width, 3):
-        raise BetonFormatError(f"{where} is not a decodable JPEG")
-    return image if bgr else cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-
-
-def decode_json(payload: np.ndarray):
-    """JSONField stores UTF-8 JSON followed by a NUL byte."""
-    raw = bytes(payload)
-    end = raw.find(b"\0")
-    try:
-        return json.loads(raw[: end if end >= 0 else len(raw)].decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise BetonFormatError(
-            f"JSON payload of {len(raw)} bytes does not decode: {type(exc).__name__}: {exc}"
-        ) from None
-
-
-# --- structural checks -----------------------------------------------------------------------------
-
-
-def structural_checks(beton: BetonFile, allow_empty: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """The layout rules ffcv's Loader relies on, each as {name, ok, detail}.
-
-    ``allow_empty`` names bytes/json fields whose size-0 allocations are accepted (flagged, not failed).
-    """
-    checks: list[dict[str, Any]] = []
-
-    def check(name: str, ok: bool, detail: str, **extra) -> None:
-        checks.append({"name": name, "ok": bool(ok), "detail": detail, **extra})
-
-    table = beton.alloc_table
-    ptr, size, sample = table["ptr"], table["size"], table["sample_id"]
-    n = len(table)
-    ps = beton.page_size
-
-    pages = (beton.alloc_table_ptr - beton.data_start) // ps if beton.alloc_table_ptr >= beton.data_start else 0
-    if n:
-        aligned = (
-            beton.data_start % ps == 0
-            and beton.alloc_table_ptr >= beton.data_start
-            and ((beton.alloc_table_ptr - beton.data_start) % ps == 0)
-        )
-        check(
-            "data_region_aligned",
-            aligned,
-            f"data region [{beton.data_start}, {beton.alloc_table_ptr}): {pages} whole pages of {ps} bytes, "
-            "at absolute multiples of the page size"
-            if aligned
-            else f"the data region [{beton.data_start}, {beton.alloc_table_ptr}) is not a whole number of "
-            f"{ps}-byte pages starting at a multiple of the page size",
-        )
-    else:
-        check("data_region_aligned", True, "no allocations: the file has no data pages")
-
-    end = np.uint64(beton.alloc_table_ptr)
-    inside = (ptr >= np.uint64(beton.data_start)) & (ptr <= end) & (size <= end)
-    inside &= ptr <= end - np.where(inside, size, 0).astype(np.uint64)
-    outside = int(n - inside.sum())
-    check(
-        "allocations_in_file",
-        outside == 0,
-        f"all {n} allocations lie inside the data region"
-        if not outside
-        else f"{outside} of {n} allocations lie outside the data region "
-        f"(first: ptr {int(ptr[~inside][0])}, size {int(size[~inside][0])})",
-    )
-
-    p_in, s_in, id_in = ptr[inside], size[inside], sample[inside]
-    first_page = p_in >> np.uint64(beton.page_shift)
-    last_page = (p_in + np.maximum(s_in, np.uint64(1)) - np.uint64(1)) >> np.uint64(beton.page_shift)
-    crossing = int((first_page != last_page).sum())
-    check(
-        "allocations_in_one_page",
-        crossing == 0,
-        "every allocation lies inside one page" if not crossing else f"{crossing} allocations cross a page boundary",
-    )
-
-    beyond = int((sample >= np.uint64(beton.num_samples)).sum())
-    check(
-        "sample_ids",
-        beyond == 0,
-        f"every allocation belongs to one of the {beton.num_samples} samples"
-        if not beyond
-        else f"{beyond} allocations name a sample id beyond num_samples ({beton.num_samples})",
-    )
-
-    overlaps = 0
-    if len(p_in) > 1:
-        order = np.argsort(p_in, kind="stable")
-        sp, ss = p_in[order], s_in[order]
-        overlaps = int((sp[1:] < sp[:-1] + ss[:-1]).sum())
-    check(
-        "no_overlap",
-        overlaps == 0,
-        "no two allocations overlap" if not overlaps else f"{overlaps} allocations overlap the one before them",
-    )
-
-    split = 0
-    if len(id_in):
-        by_sample = np.lexsort((first_page, id_in))
-        ids, pg = id_in[by_sample], first_page[by_sample]
-        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-        split = int((np.maximum.reduceat(pg, starts) != np.minimum.reduceat(pg, starts)).sum())
-    check(
-        "samples_on_one_page",
-        split == 0,
-        "each sample's allocations lie on one page"
-        if not split
-        else f"{split} samples have allocations on more than one page",
-    )
-
-    problems = []
-    rows = np.arange(beton.num_samples, dtype=np.uint64)
-    for info in beton.fields:
-        if info.type_id not in POINTER_TYPES:
-            continue
-        pointers = beton.pointer_column(info)
-        sizes = beton._size_or_none(info)
-        found = beton.match_allocations(pointers, rows, sizes)
-        missing = found < 0
-        if info.type_id == 2 and not missing.any():
-            column = beton.metadata[info.name]
-            raw = column["mode"] == IMAGE_MODE_RAW
-            want = column["width"].astype(np.uint64) * column["height"].astype(np.uint64) * np.uint64(3)
-            wrong = raw & (beton._sorted_table[2][found] != want)
-            unknown = (column["mode"] != IMAGE_MODE_RAW) & (column["mode"] != IMAGE_MODE_JPEG)
-            if wrong.any():
-                row = int(np.argmax(wrong))
-                problems.append(
-                    f"field '{info.name}': sample {row}'s raw image allocation is not "
-                    f"{int(want[row])} bytes ({int(wrong.sum())} such samples)"
-                )
-            if unknown.any():
-                row = int(np.argmax(unknown))
-                problems.append(f"field '{info.name}': sample {row} has unknown image mode {int(column['mode'][row])}")
-        if missing.any():
-            row = int(np.argmax(missing))
-            if sizes is not None and beton.match_allocations(pointers[row : row + 1], rows[row : row + 1])[0] >= 0:
-                problems.append(
-                    f"field '{info.name}': sample {row}'s allocation at {int(pointers[row])} is not "
-                    f"{int(sizes[row])} bytes as its metadata says ({int(missing.sum())} such samples)"
-                )
-            else:
-                problems.append(
-                    f"field '{info.name}': sample {row}'s pointer {int(pointers[row])} is not an allocation "
-                    f"of sample {row} ({int(missing.sum())} such samples)"
-                )
-    check(
-        "metadata_pointers",
-        not problems,
-        "every metadata pointer is an allocation of its own sample, of the size the metadata says"
-        if not problems
-        else "; ".join(problems),
-    )
-
-    empty = int((size == 0).sum())
-    allowed = 0
-    per_field = {}
-    for info in beton.fields:
-        if info.type_id in (3, 5):
-            count = int((beton.metadata[info.name]["size"] == 0).sum())
-            if count:
-                per_field[info.name] = count
-                if info.name in allow_empty:
-                    allowed += count
-    note = (
-        "ffcv's Loader mis-reads them: a size-0 allocation shares its pointer with the next allocation, "
-        "so the sample's following field can come back corrupted"
-    )
-    if not empty:
-        check("no_empty_allocations", True, "no size-0 allocations")
-    else:
-        where = ", ".join(f"'{k}': {v}" for k, v in per_field.items()) or "no bytes/json field"
-        check(
-            "no_empty_allocations",
-            empty <= allowed,
-            f"{empty} size-0 allocations ({where}){' allowed by allow_empty' if empty <= allowed else ''}; {note}",
-            flagged=empty,
-        )
-    return checks
-
-
-def page_usage(beton: BetonFile) -> dict[str, Any]:
-    """Pages of the data region, how many hold allocations, and how full they are."""
-    table = beton.alloc_table
-    pages = (
-        (beton.alloc_table_ptr - beton.data_start) // beton.page_size if beton.alloc_table_ptr > beton.data_start else 0
-    )
-    used = int(np.unique(table["ptr"] >> np.uint64(beton.page_shift)).size) if len(table) else 0
-    stored = int(table["size"].sum(dtype=np.uint64)) if len(table) else 0
-    return {
-        "pages": int(pages),
-        "pages_used": used,
-        "allocations": int(len(table)),
-        "allocated_bytes": stored,
-        "fill_ratio": round(stored / (pages * beton.page_size), 4) if pages else 0.0,
-    }
-
-
-def bytes_per_field(beton: BetonFile) -> dict[str, dict[str, int]]:
-    """Per field: bytes in the metadata table and in the data pages."""
-    n = beton.num_samples
-    out = {}
-    rows = np.arange(n, dtype=np.uint64)
-    for info in beton.fields:
-        meta = info.metadata_type.itemsize * n
-        if info.type_id in (4, 6):
-            data = info.payload_bytes * n
-        elif info.type_id in (3, 5):
-            data = int(beton.metadata[info.name]["size"].sum(dtype=np.uint64))
-        elif info.type_id == 2:
-            sizes = beton.image_sizes(info.name, rows.astype(np.int64))
-            data = int(np.maximum(sizes, 0).sum())
-        else:
-            data = 0
-        out[info.name] = {"metadata": int(meta), "data": int(data)}
-    if any(f.type_id == CUSTOM_TYPE_ID for f in beton.fields):
-        custom = int(beton._custom_allocations[2].sum(dtype=np.uint64))
-        out["(custom allocations)"] = {"metadata": 0, "data": custom}
-    return out
-
-
-# --- a description of any .beton (``betonbuild inspect``) -------------------------------------------
-
-
-def describe(beton: BetonFile, samples: int = 3, digest: bool = False) -> dict[str, Any]:
-    """Header, fields with decoded arguments, layout, pages, bytes per field, structure, first samples."""
-    per_field = bytes_per_field(beton)
-    n = beton.num_samples
-    fields = []
-    for info in beton.fields:
-        stored = per_field[info.name]
-        fields.append(
-            {
-                "name": info.name,
-                "type": info.type_name,
-                "type_id": info.type_id,
-                "arguments": info.describe_arguments(),
-                "metadata_bytes": stored["metadata"],
-                "data_bytes": stored["data"],
-                "data_bytes_per_sample": round(stored["data"] / n, 1) if n else 0.0,
-                **({"image_modes": _image_modes(beton, info)} if info.type_id == 2 else {}),
-            }
-        )
-    checks = structural_checks(beton)
-    out = {
-        "file": beton.path,
-        "bytes": beton.size,
-        "header": {
-            "version": beton.version,
-            "page_size": beton.page_size,
-            "num_samples": n,
-            "num_fields": beton.num_fields,
-            "alloc_table_ptr": beton.alloc_table_ptr,
-        },
-        "layout": {
-            "descriptors": [HEADER_TYPE.itemsize, beton.metadata_start],
-            "metadata": [beton.metadata_start, beton.metadata_end],
-            "metadata_record_bytes": beton.metadata_type.itemsize,
-            "data_region": [min(beton.data_start, beton.alloc_table_ptr), beton.alloc_table_ptr],
-            "allocation_table": [beton.alloc_table_ptr, beton.size],
-            **page_usage(beton),
-        },
-        "fields": fields,
-        "structure_ok": all(c["ok"] for c in checks),
-        "structure": checks,
-        "samples": [
-            {"index": row, "fields": {info.name: summarise(beton, info, row) for info in beton.fields}}
-            for row in range(min(max(samples, 0), n))
-        ],
-    }
-    if digest:
-        from betonbuild.beton.digest import content_digest
-
-        out["content_digest"] = content_digest(beton)
-    return out
-
-
-def _image_modes(beton: BetonFile, info: FieldInfo) -> dict[str, int]:
-    modes = beton.metadata[info.name]["mode"]
-    jpeg, raw = int((modes == IMAGE_MODE_JPEG).sum()), int((modes == IMAGE_MODE_RAW).sum())
-    return {"jpeg": jpeg, "raw": raw, **({"unknown": len(modes) - jpeg - raw} if len(modes) - jpeg - raw else {})}
-
-
-def summarise(beton: BetonFile, info: FieldInfo, row: int) -> Any:
-    """A short, JSON-able summary of one stored value; a corrupt value is described, not raised."""
-    try:
-        return _summary(beton, info, row)
-    except BetonFormatError as exc:
-        return f"unreadable: {str(exc).removeprefix(beton.path + ': ')}"
-
-
-def _summary(beton: BetonFile, info: FieldInfo, row: int) -> Any:
-    record = beton.metadata[info.name][row]
-    if info.type_id == 1:
-        return int(record)
-    if info.type_id == 0:
-        value = float(record)
-        return value if np.isfinite(value) else str(value)
-    if info.type_id in (4, 6):
-        array = beton.ndarray_column(info.name, np.array([row]))[0]
-        text = f"{array.dtype}{list(array.shape)}"
-        if array.dtype.kind in "biuf" and array.size:
-            with np.errstate(all="ignore"):
-                flat = array.astype(np.float64).reshape(-1)
-            text += (
-                f" min={np.nanmin(flat):.6g} max={np.nanmax(flat):.6g} mean={np.nanmean(flat):.6g}"
-                if not np.isnan(flat).all()
-                else " all NaN"
-            )
-        return text
-    if info.type_id == 3:
-        payload = bytes(beton.variable_payload(info.name, row))
-        return f"{len(payload)} bytes: {payload[:16].hex(' ')}{' ...' if len(payload) > 16 else ''}"
-    if info.type_id == 5:
-        text = json.dumps(decode_json(beton.variable_payload(info.name, row)), separators=(",", ":"))
-        return text if len(text) <= 80 else text[:77] + "..."
-    if info.type_id == 2:
-        mode = int(record["mode"])
-        kind = {IMAGE_MODE_JPEG: "jpeg", IMAGE_MODE_RAW: "raw"}.get(mode, f"mode {mode}")
-        size = len(beton.variable_payload(info.name, row))
-        return f"{kind} {int(record['width'])}x{int(record['height'])}, {size} bytes"
-    handler = info.handler
-    if handler is not None and hasattr(handler, "decode"):
-        payloads = [np.asarray(beton.read(p, s)) for p, s in beton.custom_allocations(row)]
-        try:
-            value = handler.decode(record, payloads)
-        except Exception as exc:  # noqa: BLE001 - the class's own decode of hostile bytes
-            return f"unreadable: {type(handler).__name__}.decode raised {type(exc).__name__}: {exc}"
-        text = repr(value)
-        return text if len(text) <= 80 else text[:77] + "..."
-    raw = beton.record_bytes(info.name, row)
-    return f"record {raw[:16].hex(' ')}{' ...' if len(raw) > 16 else ''}"

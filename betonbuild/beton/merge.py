@@ -20,9 +20,10 @@ arithmetic (``ptr >> log2(page_size)``, page p read at ``p * page_size``) stays 
 no data pages at all (only int/float fields) keeps its allocation table right after the metadata,
 as ffcv itself writes it, so merging a single part reproduces that part byte for byte.
 
-Data regions are copied with ``os.copy_file_range`` (reflinked on XFS/btrfs/bcachefs/ZFS, copied on
-the server by NFS 4.2/SMB/Ceph, an in-kernel splice copy elsewhere) and, where the kernel or
-filesystem refuses it (EXDEV, ENOSYS, EINVAL, EOPNOTSUPP...), with a buffered pread/pwrite loop.
+Data regions are copied by ``betonbuild.beton.copy``: with ``os.copy_file_range`` (reflinked on
+XFS/btrfs/bcachefs/ZFS, copied on the server by NFS 4.2/SMB/Ceph, an in-kernel splice copy
+elsewhere) and, where the kernel or filesystem refuses it (EXDEV, ENOSYS, EINVAL, EOPNOTSUPP...),
+with a buffered pread/pwrite loop.
 Regions are written in file order; the page padding between them is left as holes (zeros). The
 output depends only on the bytes and the order of the parts: same parts, same order => same sha256.
 
@@ -48,7 +49,6 @@ absolute file offset into the part's data region (it is checked to lie there, th
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -59,43 +59,22 @@ from typing import Any
 import numpy as np
 
 from betonbuild.atomic import atomic_path
+from betonbuild.beton.copy import DISK_FULL_ERRNOS, METHODS, Copier, pwrite_all
 from betonbuild.beton.format import (
     ALLOC_TABLE_TYPE,
+    BUILTIN_POINTER_COLUMNS,
+    CUSTOM_TYPE_ID,
     FIELD_DESC_TYPE,
     FORMAT_VERSION,
     HEADER_TYPE,
     METADATA_TYPES,
     TYPE_NAMES,
+    WHOLE_COLUMN,
+    page_aligned,
 )
 from betonbuild.errors import MergeError
 
 POINTER_COLUMNS_ATTRIBUTE = "betonbuild_pointer_columns"
-WHOLE_COLUMN = ""
-CUSTOM_TYPE_ID = 255
-# Metadata columns of ffcv's built-in fields that hold absolute file offsets.
-BUILTIN_POINTER_COLUMNS: dict[int, tuple[str, ...]] = {
-    0: (),  # float
-    1: (),  # int
-    2: ("data_ptr",),  # rgb_image: packed {mode u1, width <u2, height <u2, data_ptr <u8}
-    3: ("ptr",),  # bytes
-    4: (WHOLE_COLUMN,),  # ndarray
-    5: ("ptr",),  # json
-    6: (WHOLE_COLUMN,),  # torch_tensor
-}
-METHODS = ("auto", "copy_file_range", "buffered")
-COPY_CHUNK = 1 << 30  # bytes per copy_file_range call (the kernel copies at most ~2 GiB per call)
-BUFFER_SIZE = 128 << 10  # GNU cp's buffer size; small enough to stay in the CPU's L2 cache
-# copy_file_range refusals that mean "not here", not "broken": fall back to a buffered copy.
-_FALLBACK_ERRNOS = {
-    getattr(errno, name)
-    for name in ("EXDEV", "ENOSYS", "EINVAL", "EOPNOTSUPP", "ENOTSUP", "EBADF", "ETXTBSY", "EPERM")
-    if hasattr(errno, name)
-}
-_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
-
-
-def _align(offset: int, page_size: int) -> int:
-    return -(-offset // page_size) * page_size
 
 
 @dataclass
@@ -177,14 +156,50 @@ def merge_betons(
     num_samples = sum(p.num_samples for p in headed)
     metadata_start = HEADER_TYPE.itemsize + FIELD_DESC_TYPE.itemsize * num_fields
     metadata_end = metadata_start + record_type.itemsize * num_samples
-    data_start = _align(metadata_end, page_size)
-    padded = [_align(p.data_bytes, page_size) for p in headed]
+    data_start = page_aligned(metadata_end, page_size)
+    padded = [page_aligned(p.data_bytes, page_size) for p in headed]
     total_data = sum(padded)
     alloc_table_ptr = data_start + total_data if total_data else metadata_end
     num_allocations = sum(len(p.alloc_table) for p in headed)
     final_size = alloc_table_ptr + ALLOC_TABLE_TYPE.itemsize * num_allocations
 
-    # Shift every part's pointers to where its region lands; offset its sample ids.
+    metadata_blocks, alloc_blocks, part_records = _shifted_tables(headed, columns, record_type, data_start, padded)
+
+    header = np.zeros(1, dtype=HEADER_TYPE)
+    header["version"] = FORMAT_VERSION
+    header["num_fields"] = num_fields
+    header["page_size"] = page_size
+    header["num_samples"] = num_samples
+    header["alloc_table_ptr"] = alloc_table_ptr
+    head = b"".join([header.tobytes(), first.descriptors, *(b.tobytes() for b in metadata_blocks)])
+    assert len(head) == metadata_end
+    table_bytes = b"".join(t.tobytes() for t in alloc_blocks)
+    copier = _write_merged(target, method, head, headed, part_records, table_bytes, alloc_table_ptr, final_size)
+
+    return {
+        "target": str(target),
+        "num_parts": len(headed),
+        "num_samples": num_samples,
+        "samples_per_part": [p.num_samples for p in headed],
+        "page_size": page_size,
+        "num_fields": num_fields,
+        "data_start": data_start,
+        "alloc_table_ptr": alloc_table_ptr,
+        "size": final_size,
+        "bytes_copied": copier.bytes_copied,
+        "method": copier.method_used,
+        "method_reason": copier.fallback_reason,
+        "filesystem": copier.filesystem,
+        "seconds": round(time.monotonic() - started, 3),
+        "parts": part_records,
+    }
+
+
+def _shifted_tables(
+    headed: list[_Part], columns: list[_Column], record_type: np.dtype, data_start: int, padded: list[int]
+) -> tuple[list[np.ndarray], list[np.ndarray], list[dict[str, Any]]]:
+    """Every part's metadata and allocation table with pointers shifted to where its region lands and
+    sample ids offset, and per part the record of where it went."""
     metadata_blocks, alloc_blocks, part_records = [], [], []
     region_offset, sample_offset = data_start, 0
     for part, region in zip(headed, padded):
@@ -213,58 +228,46 @@ def merge_betons(
         )
         region_offset += region
         sample_offset += part.num_samples
+    return metadata_blocks, alloc_blocks, part_records
 
-    header = np.zeros(1, dtype=HEADER_TYPE)
-    header["version"] = FORMAT_VERSION
-    header["num_fields"] = num_fields
-    header["page_size"] = page_size
-    header["num_samples"] = num_samples
-    header["alloc_table_ptr"] = alloc_table_ptr
-    head = b"".join([header.tobytes(), first.descriptors, *(b.tobytes() for b in metadata_blocks)])
-    assert len(head) == metadata_end
-    table_bytes = b"".join(t.tobytes() for t in alloc_blocks)
 
+def _write_merged(
+    target: Path,
+    method: str,
+    head: bytes,
+    headed: list[_Part],
+    part_records: list[dict[str, Any]],
+    table_bytes: bytes,
+    alloc_table_ptr: int,
+    final_size: int,
+) -> Copier:
+    """Writes header + metadata, every part's data region and the table at ``target`` (temp file + rename)."""
     with atomic_path(target) as tmp:
-        copier = _Copier(method, target.parent)
+        copier = Copier(method, target.parent)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
             try:
                 # Written in file order, as appends; page padding is skipped and stays a hole (zeros).
-                _pwrite_all(fd, head, 0)
+                pwrite_all(fd, head, 0)
                 for part, record in zip(headed, part_records):
                     if part.data_bytes:
-                        copier.copy(part, fd, record["target_offset"])
-                _pwrite_all(fd, table_bytes, alloc_table_ptr)
+                        copier.copy(
+                            part.label, part.path, part.data_start, part.data_bytes, fd, record["target_offset"]
+                        )
+                pwrite_all(fd, table_bytes, alloc_table_ptr)
                 if os.fstat(fd).st_size < final_size:  # an empty table after a padded last page
                     os.ftruncate(fd, final_size)
             finally:
                 os.close(fd)
         except OSError as exc:
-            if exc.errno in _DISK_FULL_ERRNOS:
+            if exc.errno in DISK_FULL_ERRNOS:
                 raise MergeError(
                     f"cannot write {target}: {os.strerror(exc.errno)} (the merged file needs {final_size} bytes)"
                 ) from exc
             raise
         if os.path.getsize(tmp) != final_size:
             raise MergeError(f"{target}: wrote {os.path.getsize(tmp)} bytes, expected {final_size}")
-
-    return {
-        "target": str(target),
-        "num_parts": len(headed),
-        "num_samples": num_samples,
-        "samples_per_part": [p.num_samples for p in headed],
-        "page_size": page_size,
-        "num_fields": num_fields,
-        "data_start": data_start,
-        "alloc_table_ptr": alloc_table_ptr,
-        "size": final_size,
-        "bytes_copied": copier.bytes_copied,
-        "method": copier.method_used,
-        "method_reason": copier.fallback_reason,
-        "filesystem": copier.filesystem,
-        "seconds": round(time.monotonic() - started, 3),
-        "parts": part_records,
-    }
+    return copier
 
 
 def _read_header(index: int, path: str) -> _Part:
@@ -420,7 +423,7 @@ def _read_tables(part: _Part, record_type: np.dtype, columns: list[_Column]) -> 
     if part.metadata.size != metadata_bytes or part.alloc_table.nbytes != table_bytes:
         raise MergeError(f"{part.label}: the file changed size while it was being read")
 
-    part.data_start = _align(metadata_end, part.page_size)
+    part.data_start = page_aligned(metadata_end, part.page_size)
     part.data_end = max(part.data_start, part.alloc_table_ptr)
     # ffcv's allocator gives a size-0 allocation made before a worker's first page the pointer
     # data_start - page_size; such pointers are shifted like the others but are never read.
@@ -458,105 +461,6 @@ def _read_tables(part: _Part, record_type: np.dtype, columns: list[_Column]) -> 
                     f"{part.label}: sample {k} field {label!r} points to byte {int(values[k])}, outside its data "
                     f"region [{part.data_start}, {part.data_end})"
                 )
-
-
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view.nbytes:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-
-
-def filesystem_type(path: str | os.PathLike) -> str | None:
-    """The type of the filesystem holding ``path`` ("ext4", "xfs", "nfs4"...), from /proc/self/mountinfo."""
-    try:
-        dev = os.stat(path).st_dev
-        device = f"{os.major(dev)}:{os.minor(dev)}"
-        with open("/proc/self/mountinfo") as fh:
-            for line in fh:
-                fields = line.split()
-                if len(fields) > 2 and fields[2] == device and "-" in fields:
-                    return fields[fields.index("-") + 1]
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-class _Copier:
-    """Copies data regions with copy_file_range, then a buffered pread/pwrite loop once it is refused."""
-
-    def __init__(self, method: str, target_dir: Path):
-        self.method = method
-        self.filesystem = filesystem_type(target_dir)
-        self.fallback_reason = None
-        if method == "buffered":
-            self.use_cfr = False
-        elif not hasattr(os, "copy_file_range"):
-            if method == "copy_file_range":
-                raise MergeError("method='copy_file_range' but os.copy_file_range is unavailable on this platform")
-            self.use_cfr, self.fallback_reason = False, "os.copy_file_range is unavailable"
-        else:
-            self.use_cfr = True
-        self.cfr_bytes = 0
-        self.buffered_bytes = 0
-        self._buffer: bytearray | None = None
-
-    @property
-    def bytes_copied(self) -> int:
-        return self.cfr_bytes + self.buffered_bytes
-
-    @property
-    def method_used(self) -> str:
-        if self.cfr_bytes and self.buffered_bytes:
-            return "copy_file_range+buffered"
-        if self.cfr_bytes or (self.use_cfr and not self.buffered_bytes):
-            return "copy_file_range"
-        return "buffered"
-
-    def copy(self, part: _Part, dst: int, dst_offset: int) -> None:
-        src_offset, remaining = part.data_start, part.data_bytes
-        src = os.open(part.path, os.O_RDONLY)
-        try:
-            while remaining and self.use_cfr:
-                try:
-                    n = os.copy_file_range(src, dst, min(remaining, COPY_CHUNK), src_offset, dst_offset)
-                except OSError as exc:
-                    if self.method == "copy_file_range" or exc.errno not in _FALLBACK_ERRNOS:
-                        raise
-                    self.use_cfr = False
-                    self.fallback_reason = f"copy_file_range: {errno.errorcode.get(exc.errno, exc.errno)}"
-                    break
-                if n == 0:  # end of the source, or a filesystem that copies nothing: the loop below decides
-                    if self.method == "copy_file_range":
-                        raise MergeError(
-                            f"{part.label}: copy_file_range stopped at byte {src_offset}, "
-                            f"{remaining} bytes before the end of its data region"
-                        )
-                    self.use_cfr = False
-                    self.fallback_reason = "copy_file_range copied 0 bytes"
-                    break
-                self.cfr_bytes += n
-                src_offset, dst_offset, remaining = src_offset + n, dst_offset + n, remaining - n
-            if remaining:
-                self._buffered(part, src, src_offset, dst, dst_offset, remaining)
-        finally:
-            os.close(src)
-
-    def _buffered(self, part: _Part, src: int, src_offset: int, dst: int, dst_offset: int, remaining: int) -> None:
-        if self._buffer is None:
-            self._buffer = bytearray(BUFFER_SIZE)
-        view = memoryview(self._buffer)
-        # No posix_fadvise(SEQUENTIAL): with it this loop was measured 2-3x slower on page-cache data.
-        while remaining:
-            n = os.preadv(src, [view[: min(remaining, BUFFER_SIZE)]], src_offset)
-            if not n:
-                raise MergeError(
-                    f"{part.label}: the file ended at byte {src_offset}, {remaining} bytes "
-                    "before the end of its data region (was it changed during the merge?)"
-                )
-            _pwrite_all(dst, view[:n], dst_offset)
-            self.buffered_bytes += n
-            src_offset, dst_offset, remaining = src_offset + n, dst_offset + n, remaining - n
 
 
 def write_empty_beton(target: str | os.PathLike, fields: Mapping[str, Any], page_size: int) -> dict[str, Any]:

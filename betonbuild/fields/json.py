@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild.beton.format import BetonFile, decode_json
+from betonbuild.beton.format import BetonFile
+from betonbuild.beton.payloads import decode_json
 from betonbuild.config.spec import FieldSpec
 from betonbuild.fields.kind import Fail, StoredSample, describe
 from betonbuild.fields.payload import PayloadKind

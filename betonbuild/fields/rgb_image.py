@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild.beton.format import BetonFile, FieldInfo, decode_image
+from betonbuild.beton.format import BetonFile, FieldInfo
+from betonbuild.beton.payloads import decode_image
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import BetonFormatError, ConfigError
 from betonbuild.fields.kind import Fail, FieldKind, StoredSample, describe

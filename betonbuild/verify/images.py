@@ -8,7 +8,8 @@ from functools import lru_cache
 import numpy as np
 
 from betonbuild._compat.ffcv_ctypes import TurboJPEG, ffcv_imdecode, libffcv, turbojpeg
-from betonbuild.beton.format import IMAGE_MODE_RAW, MAX_DECODED_PIXELS, BetonFile, decode_image, jpeg_dimensions
+from betonbuild.beton.format import IMAGE_MODE_RAW, BetonFile
+from betonbuild.beton.payloads import MAX_DECODED_PIXELS, decode_image, jpeg_dimensions
 
 
 class StoredImages:

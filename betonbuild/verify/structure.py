@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from betonbuild.beton.format import BetonFile, structural_checks
+from betonbuild.beton.checks import structural_checks
+from betonbuild.beton.format import BetonFile
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.fields import field_kind
 

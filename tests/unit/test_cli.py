@@ -149,6 +149,21 @@ def test_inspect_exit_status_2_when_a_structural_check_fails(plain_ffcv_file: Pa
     assert "structure     PROBLEMS" in out and "metadata_pointers: field 'blob': sample 0's" in out
 
 
+def test_inspect_with_a_malformed_custom_option_says_how_to_write_it(plain_ffcv_file: Path, capsys):
+    code, out, err = run(capsys, "inspect", str(plain_ffcv_file), "--custom", "title")
+    assert code == 1 and out == ""
+    assert "betonbuild error: --custom 'title': write NAME=pkg.module:Class" in err
+
+
+def test_the_command_line_starts_without_numpy_yaml_or_ffcv():
+    """The function-local imports in cli.py exist for this: `betonbuild --help` stays quick."""
+    code = (
+        "import sys, betonbuild.cli; print(sorted({'numpy', 'yaml', 'jsonschema', 'ffcv', 'torch'} & set(sys.modules)))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
 @pytest.fixture
 def cli_project(tmp_path: Path, monkeypatch):
     from conftest import make_digits_npz

@@ -945,7 +945,7 @@ def _beton(workdir: Path, name: str):
 
 
 def test_photo_shards_beton_equals_the_samples_in_shard_order(project):
-    from betonbuild.beton.format import decode_image, decode_json
+    from betonbuild.beton.payloads import decode_image, decode_json
 
     beton = _beton(project["workdir"], "photos")
     expected = photo_samples()

@@ -23,7 +23,10 @@ from conftest import ListDataset
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from betonbuild.beton.format import ALLOC_TABLE_TYPE, BetonFile, decode_image, describe, structural_checks
+from betonbuild.beton.checks import structural_checks
+from betonbuild.beton.describe import describe
+from betonbuild.beton.format import ALLOC_TABLE_TYPE, BetonFile
+from betonbuild.beton.payloads import decode_image
 from betonbuild.custom import FixedUTF8Field
 from betonbuild.errors import BetonFormatError
 
@@ -49,8 +52,8 @@ def _write(path: Path, fields: dict, samples: list) -> Path:
 def bases(tmp_path_factory) -> list[dict]:
     """Three real .beton files, each with the byte ranges worth mutating."""
     import torch
+    from beton_files import make_samples
     from ffcv.fields import BytesField, FloatField, IntField, JSONField, NDArrayField, RGBImageField, TorchTensorField
-    from test_beton_reader import make_samples
 
     tmp = tmp_path_factory.mktemp("fuzz")
     every_type = _write(

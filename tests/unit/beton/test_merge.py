@@ -35,9 +35,10 @@ from ffcv.loader import Loader, OrderOption  # noqa: E402
 from ffcv.reader import Reader  # noqa: E402
 from ffcv.writer import DatasetWriter  # noqa: E402
 
-from betonbuild.beton import merge as merge_module  # noqa: E402
-from betonbuild.beton.format import HEADER_TYPE, BetonFile, decode_json  # noqa: E402
+from betonbuild.beton import copy as copy_module  # noqa: E402
+from betonbuild.beton.format import HEADER_TYPE, BetonFile  # noqa: E402
 from betonbuild.beton.merge import merge_betons, write_empty_beton  # noqa: E402
+from betonbuild.beton.payloads import decode_json  # noqa: E402
 from betonbuild.demo import colour_photos  # noqa: E402
 from betonbuild.errors import BetonbuildError, MergeError  # noqa: E402
 
@@ -548,7 +549,7 @@ def test_copy_methods_give_the_same_bytes(merged, tmp_path, monkeypatch):
     _, parts, target, record = merged
     expected = sha256(target)
     assert record["method"] == "copy_file_range"  # pytest's tmp dir: a local filesystem that accepts it
-    assert record["filesystem"] == merge_module.filesystem_type(tmp_path)
+    assert record["filesystem"] == copy_module.filesystem_type(tmp_path)
     buffered = merge_betons(parts, tmp_path / "buffered.beton", method="buffered")
     assert buffered["method"] == "buffered" and buffered["bytes_copied"] == record["bytes_copied"]
     assert sha256(tmp_path / "buffered.beton") == expected
@@ -558,7 +559,7 @@ def test_copy_methods_give_the_same_bytes(merged, tmp_path, monkeypatch):
     def short(src, dst, count, offset_src=None, offset_dst=None):
         return real(src, dst, min(count, 100_003), offset_src, offset_dst)
 
-    monkeypatch.setattr(merge_module.os, "copy_file_range", short)
+    monkeypatch.setattr(copy_module.os, "copy_file_range", short)
     record = merge_betons(parts, tmp_path / "short.beton", method="copy_file_range")
     assert record["method"] == "copy_file_range"
     assert sha256(tmp_path / "short.beton") == expected
@@ -569,7 +570,7 @@ def test_copy_methods_give_the_same_bytes(merged, tmp_path, monkeypatch):
         calls.append(args)
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-    monkeypatch.setattr(merge_module.os, "copy_file_range", refuse)
+    monkeypatch.setattr(copy_module.os, "copy_file_range", refuse)
     record = merge_betons(parts, tmp_path / "fallback.beton")
     assert record["method"] == "buffered" and record["method_reason"] == "copy_file_range: EXDEV"
     assert len(calls) == 1  # refused once, then buffered for every part
@@ -577,8 +578,3 @@ def test_copy_methods_give_the_same_bytes(merged, tmp_path, monkeypatch):
     with pytest.raises(OSError):
         merge_betons(parts, tmp_path / "forced.beton", method="copy_file_range")
     assert not (tmp_path / "forced.beton").exists()
-
-
-def test_filesystem_type():
-    assert merge_module.filesystem_type("/proc") == "proc"
-    assert merge_module.filesystem_type("/no/such/path") is None

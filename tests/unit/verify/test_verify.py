@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from betonbuild.beton.describe import page_usage
 from betonbuild.beton.digest import content_digest, range_digest
-from betonbuild.beton.format import BetonFile, page_usage
+from betonbuild.beton.format import BetonFile
 from betonbuild.config.load import load_config
 from betonbuild.custom import FixedUTF8Field
 from betonbuild.errors import ConfigError, SampleError
@@ -454,7 +455,7 @@ def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_asjpeg_
     from ffcv.libffcv import imdecode
     from PIL import Image
 
-    from betonbuild.beton.format import jpeg_dimensions
+    from betonbuild.beton.payloads import jpeg_dimensions
     from betonbuild.demo import colour_photos
     from betonbuild.verify.images import StoredImages, jpeg_dimensions_fast
 
