@@ -164,7 +164,7 @@ def _verify(args) -> int:
     """The workflow's report for one file: same checks, same JSON; exit 1 if a check fails."""
     from betonbuild.errors import VerificationError
     from betonbuild.verify import start_loader_process
-    from betonbuild.workflow.stages import verify
+    from betonbuild.workflow.stages import verify_dataset
 
     spec = _dataset(args.config, args.dataset)
     if args.mode:
@@ -179,7 +179,7 @@ def _verify(args) -> int:
             manifest = _manifest(spec, tmp)
             report_path, failed_path = os.path.join(tmp, "report.json"), os.path.join(tmp, "failed.json")
             try:
-                verify(
+                verify_dataset(
                     spec,
                     manifest,
                     args.file,

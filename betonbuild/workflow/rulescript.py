@@ -14,9 +14,22 @@ from betonbuild.config.load import spec_from_dict
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError
 
+# A write or verify rule's `params: stage=`: which file of the dataset its job makes or checks.
+STAGES = ("smoke", "full", "part")
+
 
 def dataset_spec(snakemake) -> DatasetSpec:
     return spec_from_dict(snakemake.params.spec)
+
+
+def stage_args(snakemake) -> dict[str, bool | int | None]:
+    """``smoke`` and ``part`` for a write or verify stage, from the rule's ``params.stage`` (never
+    from the rule's name, so that renaming a rule does not change what its job does). A part's
+    number is its ``{part}`` wildcard."""
+    stage = snakemake.params.stage
+    if stage not in STAGES:
+        raise ValueError(f"rule {snakemake.rule}: params.stage is {stage!r}, expected one of {STAGES}")
+    return {"smoke": stage == "smoke", "part": int(snakemake.wildcards.part) if stage == "part" else None}
 
 
 def run(snakemake, stage: Callable[[], object]) -> None:
