@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import multiprocessing
 import os
 import sys
 import traceback
 from collections.abc import Callable
 
+from betonbuild._compat.fast_exit import exit_without_teardown
 from betonbuild.config.load import spec_from_dict
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError
@@ -61,19 +59,3 @@ def run(snakemake, stage: Callable[[], object]) -> None:
             print(f"unexpected error; traceback in {snakemake.log[0]}", file=console, flush=True)
         raise
     exit_without_teardown(console, log)
-
-
-def exit_without_teardown(*files) -> None:
-    """Ends a finished job at once: the interpreter's teardown after torch, numba and ffcv are loaded
-    takes about 0.5 s of every job and does nothing for us. Every output is already renamed into
-    place and closed. The atexit handlers (a user's adapter may have some) still run, then the
-    buffers of Python's streams, of ``files`` and of C's stdio are flushed. A job that still has a
-    child process exits normally, so that multiprocessing joins it."""
-    if multiprocessing.active_children():
-        return
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr, *files):
-        if stream is not None:
-            stream.flush()
-    ctypes.CDLL(None).fflush(None)  # output of C extensions, written with printf
-    os._exit(0)
