@@ -95,7 +95,7 @@ def _verify(args) -> int:
     # why local: verification imports numpy and the whole library (see _manifest)
     from betonbuild.config.load import spec_from_dict
     from betonbuild.verify import start_loader_process
-    from betonbuild.workflow.stages import verify
+    from betonbuild.workflow.stages import verify_dataset
 
     spec = _dataset(args.config, args.dataset)
     if args.mode:
@@ -108,7 +108,7 @@ def _verify(args) -> int:
             manifest = _manifest(spec, tmp)
             report_path, failed_path = os.path.join(tmp, "report.json"), os.path.join(tmp, "failed.json")
             try:
-                verify(
+                verify_dataset(
                     spec,
                     manifest,
                     args.file,

@@ -4,6 +4,7 @@ import re
 
 from snakemake.utils import validate
 
+from betonbuild.workflow import rerun
 from betonbuild.workflow.locks import clear_stale_locks, record_lock_owner
 from betonbuild._compat.snakemake_timers import cancel_idle_timers
 from betonbuild.provenance import installed_ffcv_build
@@ -185,48 +186,30 @@ def smoke_plan(wildcards):
     return checkpoints.source_manifest.get(ds=wildcards.ds).output.smoke
 
 
-def _spec_parts(wildcards, *parts):
-    full = DATASETS[wildcards.ds].to_dict()
-    keep = ("name", "source", "fields", "sample_keys", "writer") + parts
-    return {key: full[key] for key in keep}
-
-
+# Each rule's `spec` parameter: the part of the dataset's spec its output depends on, so that
+# Snakemake reruns it when exactly that part changes (betonbuild.workflow.rerun).
 def write_spec(wildcards):
-    """What determines the full file's bytes."""
-    return _spec_parts(wildcards)
+    return rerun.write_spec(DATASETS[wildcards.ds])
 
 
 def manifest_spec(wildcards):
-    """The source manifest also plans the partitions and the smoke samples."""
-    return _spec_parts(wildcards, "partitions", "samples_per_partition", "smoke")
+    return rerun.manifest_spec(DATASETS[wildcards.ds])
 
 
 def smoke_spec(wildcards):
-    return _spec_parts(wildcards, "smoke")
+    return rerun.smoke_spec(DATASETS[wildcards.ds])
 
 
 def verify_spec(wildcards):
-    return _spec_parts(wildcards, "verify")
+    return rerun.verify_spec(DATASETS[wildcards.ds])
 
 
 def smoke_verify_spec(wildcards):
-    """The smoke gate checks all its samples: of the verify settings only the JPEG tolerance applies.
-
-    Leaving out the rest keeps a change of e.g. verify.samples from rerunning the gate, and with
-    it (its report is an input of the full write) the full write.
-    """
-    spec = _spec_parts(wildcards, "smoke", "verify")
-    spec["verify"] = {"jpeg_mean_abs_error": spec["verify"]["jpeg_mean_abs_error"]}
-    return spec
+    return rerun.smoke_verify_spec(DATASETS[wildcards.ds])
 
 
 def part_verify_spec(wildcards):
-    """A part is verified in full: of the verify settings the JPEG tolerance and the Loader batch apply."""
-    spec = _spec_parts(wildcards, "verify")
-    spec["verify"] = {
-        key: spec["verify"][key] for key in ("jpeg_mean_abs_error", "loader_batch")
-    }
-    return spec
+    return rerun.part_verify_spec(DATASETS[wildcards.ds])
 
 
 def reader_build(wildcards):
@@ -234,16 +217,6 @@ def reader_build(wildcards):
     reports that the file was written by another build (the write does not rerun by itself).
     """
     return installed_ffcv_build()
-
-
-def write_threads(wildcards):
-    workers = DATASETS[wildcards.ds].writer.num_workers
-    return workflow.cores if workers < 1 else min(workers, workflow.cores)
-
-
-def verify_threads(wildcards):
-    """Full verification decodes on as many threads as the write used workers."""
-    return write_threads(wildcards)
 
 
 for _name, _spec in DATASETS.items():

@@ -27,6 +27,7 @@ rule write_part:
         runtime=part_runtime,
     params:
         spec=write_spec,
+        stage="part",
         partition=partition_plan,
     script:
         "../scripts/write.py"
@@ -63,6 +64,7 @@ rule verify_part:
         runtime=part_runtime,
     params:
         spec=part_verify_spec,
+        stage="part",
         partition=partition_plan,
         reader_build=reader_build,
         failed_report=result("failed/part{part}.verify.json"),

@@ -23,6 +23,7 @@ rule smoke:
         runtime=smoke_runtime,
     params:
         spec=smoke_spec,
+        stage="smoke",
     script:
         "../scripts/write.py"
 
@@ -47,6 +48,7 @@ rule verify_smoke:
         runtime=verify_smoke_runtime,
     params:
         spec=smoke_verify_spec,
+        stage="smoke",
         reader_build=reader_build,
         failed_report=result("failed/smoke.verify.json"),
     script:

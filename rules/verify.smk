@@ -19,6 +19,7 @@ rule verify:
         runtime=verify_runtime,
     params:
         spec=verify_spec,
+        stage="full",
         reader_build=reader_build,
         failed_report=result("failed/{ds}.verify.json"),
     script:

@@ -20,5 +20,6 @@ rule write:
         runtime=write_runtime,
     params:
         spec=write_spec,
+        stage="full",
     script:
         "../scripts/write.py"

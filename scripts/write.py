@@ -1,8 +1,8 @@
-# The smoke write, the full write, or one part of a partitioned dataset: the rule says which.
+# The smoke write, the full write, or one part of a partitioned dataset: the rule's params.stage says which.
 import sys
 
 sys.path.insert(0, snakemake.scriptdir + "/..")  # the conda route imports betonbuild from this checkout
-from betonbuild.workflow.rulescript import dataset_spec, run
+from betonbuild.workflow.rulescript import dataset_spec, run, stage_args
 from betonbuild.workflow.stages import build
 
 run(
@@ -13,8 +13,7 @@ run(
         snakemake.output.beton,
         snakemake.output.record,
         threads=snakemake.threads,
-        smoke=snakemake.rule == "smoke",
         inspect_path=snakemake.output.get("inspect"),
-        part=int(snakemake.wildcards.part) if "part" in snakemake.wildcards.keys() else None,
+        **stage_args(snakemake),
     ),
 )

@@ -2,7 +2,8 @@
 
 Each module here patches or reaches into one dependency, and declares ``CHECKED``: the
 distribution and the exact version its code was read against, and why the patch exists (the
-measured gain). ``check_versions()`` compares them with what is installed;
+measured gain); ``Checked(PYTHON, "3.11", ...)`` is the interpreter's major.minor version, for a
+CPython private. ``check_versions()`` compares them with what is installed;
 ``tests/unit/compat/test_versions.py`` fails with the module, the checked and the installed version
 when a pin moves, so the patch is re-read before it can silently misbehave.
 """
@@ -12,7 +13,10 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import pkgutil
+import sys
 from dataclasses import dataclass
+
+PYTHON = "python"  # a Checked distribution that is the interpreter itself
 
 
 @dataclass(frozen=True)
@@ -35,10 +39,7 @@ def check_versions() -> list[str]:
     for name in compat_modules():
         module = importlib.import_module(name)
         for checked in module.CHECKED:
-            try:
-                installed = importlib.metadata.version(checked.distribution)
-            except importlib.metadata.PackageNotFoundError:
-                installed = None
+            installed = installed_version(checked.distribution)
             if installed != checked.version:
                 problems.append(
                     f"{name} was checked against {checked.distribution}=={checked.version}, but "
@@ -46,3 +47,13 @@ def check_versions() -> list[str]:
                     f"then update CHECKED"
                 )
     return problems
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (None if absent); for PYTHON, the interpreter's major.minor."""
+    if distribution == PYTHON:
+        return f"{sys.version_info.major}.{sys.version_info.minor}"
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -109,8 +109,7 @@ def resolve_indices(writer: WriterSpec, length: int, dataset: str) -> np.ndarray
     if writer.indices is None:
         order = np.arange(length, dtype=np.int64)
     elif isinstance(writer.indices, str):
-        start, stop, step = RANGE_PATTERN.match(writer.indices).groups()
-        order = np.arange(int(start or 0), int(stop) if stop else length, int(step or 1), dtype=np.int64)
+        order = np.arange(*_range_bounds(writer.indices, length), dtype=np.int64)
     else:
         order = np.asarray(writer.indices, dtype=np.int64)
     out_of_range = order[(order < 0) | (order >= length)]
@@ -121,6 +120,24 @@ def resolve_indices(writer: WriterSpec, length: int, dataset: str) -> np.ndarray
     if writer.shuffle:
         order = np.random.default_rng(writer.seed).permutation(order)
     return order
+
+
+def count_indices(writer: WriterSpec, length: int) -> int:
+    """How many samples ``resolve_indices`` selects from ``length``, without building the order: for
+    estimates before the source is read. A range's stop beyond ``length`` counts to the end (where
+    ``resolve_indices`` refuses it), so that an estimate never fails."""
+    if writer.indices is None:
+        return length
+    if isinstance(writer.indices, str):
+        start, stop, step = _range_bounds(writer.indices, length)
+        return len(range(start, min(stop, length), step))
+    return len(writer.indices)
+
+
+def _range_bounds(indices: str, length: int) -> tuple[int, int, int]:
+    """(start, stop, step) of a validated ``"start:stop[:step]"``; an empty stop is ``length``."""
+    start, stop, step = RANGE_PATTERN.match(indices).groups()
+    return int(start or 0), int(stop) if stop else length, int(step or 1)
 
 
 def smoke_positions(num_samples: int, k: int, seed: int) -> np.ndarray:

@@ -2,10 +2,10 @@
 
 Snakemake locks the working directory while it runs and removes the lock when it ends; a run
 killed with SIGKILL (or a power loss) leaves the lock behind and every later run is refused until
-``--unlock``. Snakemake's lock files do not say who holds them, so the main process of every run
-records its host and PID here (``onstart``); a later run on the same host removes the locks only
-when that process no longer exists. A live run's lock is never touched, so a concurrent second
-run is still refused by Snakemake.
+``--unlock``. Snakemake's lock files (``betonbuild._compat.snakemake_locks``) do not say who holds
+them, so the main process of every run records its host and PID here (``onstart``); a later run on
+the same host removes the locks only when that process no longer exists. A live run's lock is
+never touched, so a concurrent second run is still refused by Snakemake.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import os
 import socket
 from pathlib import Path
 
+from betonbuild._compat.snakemake_locks import lock_files
 from betonbuild.atomic import _alive, write_json
 
-LOCK_DIR = Path(".snakemake/locks")
 OWNER_FILE = Path(".snakemake/betonbuild-lock-owner.json")
 
 
@@ -27,7 +27,7 @@ def record_lock_owner() -> None:
 
 def clear_stale_locks() -> str | None:
     """Removes the locks of a dead run on this host; returns what was done, or None."""
-    locks = sorted(LOCK_DIR.glob("*.lock"))
+    locks = lock_files()
     if not locks or not OWNER_FILE.exists():
         return None
     try:

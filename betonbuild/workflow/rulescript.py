@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import multiprocessing
 import os
 import sys
 import traceback
 from collections.abc import Callable
 
+from betonbuild._compat.fast_exit import exit_without_teardown
 from betonbuild.config.load import spec_from_dict
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError
 
+# A write or verify rule's `params: stage=`: which file of the dataset its job makes or checks.
+STAGES = ("smoke", "full", "part")
+
 
 def dataset_spec(snakemake) -> DatasetSpec:
     return spec_from_dict(snakemake.params.spec)
+
+
+def stage_args(snakemake) -> dict[str, bool | int | None]:
+    """``smoke`` and ``part`` for a write or verify stage, from the rule's ``params.stage`` (never
+    from the rule's name, so that renaming a rule does not change what its job does). A part's
+    number is its ``{part}`` wildcard."""
+    stage = snakemake.params.stage
+    if stage not in STAGES:
+        raise ValueError(f"rule {snakemake.rule}: params.stage is {stage!r}, expected one of {STAGES}")
+    return {"smoke": stage == "smoke", "part": int(snakemake.wildcards.part) if stage == "part" else None}
 
 
 def run(snakemake, stage: Callable[[], object]) -> None:
@@ -48,19 +59,3 @@ def run(snakemake, stage: Callable[[], object]) -> None:
             print(f"unexpected error; traceback in {snakemake.log[0]}", file=console, flush=True)
         raise
     exit_without_teardown(console, log)
-
-
-def exit_without_teardown(*files) -> None:
-    """Ends a finished job at once: the interpreter's teardown after torch, numba and ffcv are loaded
-    takes about 0.5 s of every job and does nothing for us. Every output is already renamed into
-    place and closed. The atexit handlers (a user's adapter may have some) still run, then the
-    buffers of Python's streams, of ``files`` and of C's stdio are flushed. A job that still has a
-    child process exits normally, so that multiprocessing joins it."""
-    if multiprocessing.active_children():
-        return
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr, *files):
-        if stream is not None:
-            stream.flush()
-    ctypes.CDLL(None).fflush(None)  # output of C extensions, written with printf
-    os._exit(0)

@@ -249,7 +249,7 @@ def merge_parts(
     return record
 
 
-def verify(
+def verify_dataset(
     spec: DatasetSpec,
     manifest_path: str,
     beton_path: str,

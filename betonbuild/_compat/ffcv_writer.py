@@ -1,0 +1,219 @@
+"""ffcv's DatasetWriter made safe: a failing worker is reported, never waited for forever.
+
+Plain ffcv (1.0.2) spins forever when a worker raises: its parent only polls a done-counter. The
+override of ``DatasetWriter._write_common`` and the worker loop below (a copy of ffcv's
+``worker_job_indexed_dataset`` around ``ffcv.writer.handle_sample`` and ``MemoryAllocator``) let each
+worker report its exception on a queue and exit; the parent watches that queue and the workers' exit
+codes and raises the first failure (``betonbuild.write.writer`` removes the temp file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import queue
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing import Process, Queue, Value
+from typing import Any
+
+import numpy as np
+
+from betonbuild._compat import Checked
+from betonbuild.errors import WriteError
+
+CHECKED = (
+    Checked(
+        "ffcv",
+        "1.0.2",
+        why="DatasetWriter._write_common overridden and its worker loop copied: a failing worker ends the "
+        "write with its error at once, where plain ffcv spins forever",
+    ),
+)
+ERROR_GRACE_SECONDS = 1.0  # after a first failure, wait this long for failures at smaller indices
+TERMINATE_GRACE_SECONDS = 3.0
+
+
+@dataclass
+class WorkerFailure:
+    """What a worker sends home when it fails: picklable, with the source index it was on."""
+
+    index: int | None
+    error: BaseException
+    traceback: str
+
+
+def _worker_job(
+    dataset,
+    describe_failure: Callable[[Any, dict, BaseException], WorkerFailure],
+    error_queue: Queue,
+    input_queue,
+    metadata_sm,
+    metadata_type,
+    fields,
+    allocator,
+    done_number,
+    allocations_queue,
+) -> None:
+    """ffcv's worker_job_indexed_dataset, except that a failure is reported at once (as
+    ``describe_failure(dataset, fields, exc)`` says it) and the worker exits.
+
+    ffcv runs its loop inside ``with allocator:``, whose exit flushes the page, and flushing waits for
+    the other workers' earlier pages: a failing worker could wait there a long time before anyone
+    learned of its error. A failed write is discarded anyway, so nothing is flushed after a failure.
+    """
+    from ffcv.writer import handle_sample
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit then raises EFBIG, which we report
+    try:
+        metadata = np.frombuffer(metadata_sm.buf, dtype=metadata_type)
+        field_names = metadata_type.names
+        allocator.__enter__()
+        while (chunk := input_queue.get()) is not None:
+            for dest_ix, source_ix in chunk:
+                sample = dataset[source_ix]
+                handle_sample(sample, dest_ix, field_names, metadata, allocator, fields)
+                with done_number.get_lock():  # per sample: a work item may be a whole shard
+                    done_number.value += 1
+        allocator.__exit__(None, None, None)
+        allocations_queue.put(allocator.allocations)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
+        error_queue.put(describe_failure(dataset, fields, exc))
+        error_queue.close()
+        error_queue.join_thread()
+        os._exit(1)
+
+
+def safe_writer_class():
+    """ffcv's DatasetWriter whose parent loop watches for worker failures instead of spinning forever."""
+    from ffcv.memory_allocator import MemoryAllocator
+    from ffcv.writer import DatasetWriter
+
+    class SafeDatasetWriter(DatasetWriter):
+        """DatasetWriter whose parent loop watches for worker failures instead of spinning forever."""
+
+        def __init__(self, *args, progress, describe_failure, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.progress = progress
+            self.describe_failure = describe_failure
+            self.metadata_sm = None
+            self.error_queue: Queue = Queue()
+
+        def _write_common(self, num_samples, queue_content, work_fn, extra_worker_args):
+            (dataset,) = extra_worker_args
+            self.dataset_name = dataset.spec.name
+            self.num_samples = num_samples
+            self.prepare()
+            self.queues = [workqueue := Queue(), allocations_queue := Queue(), self.error_queue]
+            for todo in queue_content:
+                workqueue.put(todo)
+            for _ in range(self.num_workers):
+                workqueue.put(None)
+            done_number = Value(ctypes.c_uint64, 0)
+            allocator = MemoryAllocator(self.fname, self.data_region_start, self.page_size)
+            worker_args = (
+                dataset,
+                self.describe_failure,
+                self.error_queue,
+                workqueue,
+                self.metadata_sm,
+                self.metadata_type,
+                self.fields,
+                allocator,
+                done_number,
+                allocations_queue,
+            )
+            self.processes = [
+                Process(target=_worker_job, args=worker_args, daemon=True) for _ in range(self.num_workers)
+            ]
+            for p in self.processes:
+                p.start()
+            self._wait_for_workers(done_number)
+            allocations = []
+            for _ in self.processes:
+                allocations.extend(self._get_allocations(allocations_queue))
+            self.finalize(allocations)
+
+        def _wait_for_workers(self, done_number) -> None:
+            while True:
+                self._raise_worker_failure()
+                done = done_number.value
+                self.progress.update(done)
+                if done == self.num_samples:
+                    break
+                if all(p.exitcode is not None for p in self.processes):
+                    self._raise_worker_failure(wait=ERROR_GRACE_SECONDS)
+                    raise WriteError(f"all writer workers exited after {done} of {self.num_samples} samples")
+                time.sleep(0.05)
+            self.progress.close()
+
+        def _get_allocations(self, allocations_queue) -> list:
+            while True:
+                try:
+                    return allocations_queue.get(timeout=0.2)
+                except queue.Empty:
+                    self._raise_worker_failure()
+
+        def _raise_worker_failure(self, wait: float = 0.0) -> None:
+            failures = self._drain_errors(wait)
+            dead = [p for p in self.processes if p.exitcode not in (None, 0)]
+            if dead and not failures:
+                failures = self._drain_errors(ERROR_GRACE_SECONDS)
+            if failures:
+                # Other workers may be failing at smaller indices: give them a moment, keep the smallest.
+                failures += self._drain_errors(ERROR_GRACE_SECONDS)
+                first = min(failures, key=lambda f: f.index if f.index is not None else sys.maxsize)
+                first.error.worker_traceback = first.traceback
+                raise first.error
+            if dead:
+                codes = ", ".join(_describe_exit(p.exitcode) for p in dead)
+                raise WriteError(
+                    f"dataset '{self.dataset_name}': a writer worker died without reporting an error ({codes}) "
+                    f"after {self.progress.done} of {self.num_samples} samples were written; a kill by signal 9 "
+                    "is often the kernel's out-of-memory killer; rerun with writer.num_workers: 1 to find the sample"
+                )
+
+        def _drain_errors(self, wait: float) -> list[WorkerFailure]:
+            failures, deadline = [], time.monotonic() + wait
+            while True:
+                try:
+                    failures.append(self.error_queue.get(timeout=max(0.0, deadline - time.monotonic()) or 0.001))
+                except queue.Empty:
+                    return failures
+
+        def shutdown(self) -> None:
+            """Ends every worker and releases the shared memory, whatever state the write is in."""
+            for p in getattr(self, "processes", []):
+                if p.exitcode is None:
+                    p.terminate()
+            deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
+            for p in getattr(self, "processes", []):
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
+                if p.exitcode is None:
+                    p.kill()
+                    p.join()
+            for q in getattr(self, "queues", []):
+                # Work left in a queue whose readers are gone would make this process wait for
+                # its feeder thread at exit: a hang after the error was already reported.
+                q.cancel_join_thread()
+                q.close()
+            if self.metadata_sm is not None:
+                with contextlib.suppress(Exception):
+                    self.metadata_sm.close()
+                with contextlib.suppress(FileNotFoundError):
+                    self.metadata_sm.unlink()
+                self.metadata_sm = None
+
+    return SafeDatasetWriter
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        return f"killed by signal {-code} ({signal.Signals(-code).name})"
+    return f"exit code {code}"

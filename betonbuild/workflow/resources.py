@@ -1,0 +1,307 @@
+"""Memory (mem_mb) and time limit (runtime, minutes) of every rule's job, from the dataset.
+
+A cluster scheduler packs jobs by these; ``rules/resources.smk`` passes each rule's wildcards,
+input, threads and attempt here. A profile overrides any of them per rule, e.g.
+  set-resources: {write: {mem_mb: 64000, runtime: 600}}   set-threads: {write: 16}
+
+What a job holds in RAM:
+  every job          one Python process that imported ffcv, torch and numba (PROCESS_MB)
+  + an .npz source   its arrays, loaded whole (.npy columns are memory-mapped, images read lazily)
+  + the sample order two int64 per sample
+  write, smoke       + the metadata table in shared memory (samples x record size)
+                     + per worker (the job's threads) one page buffer and one forked process
+  verify(_smoke)     + the metadata table, + what it decodes: fixed-size fields in chunks (every
+                     sample's at once for python and webdataset sources), one ffcv.Loader batch
+Both are multiplied by the attempt: with `retries` in the profile, a job killed for running out
+of memory or time is resubmitted asking for more.
+
+The sizes come from results/{ds}/source.json (the rule's `manifest` input) once it exists, which
+is before any job that reads it is scheduled; before that (dry runs) from the config.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from betonbuild.config.spec import DatasetSpec, FieldSpec, count_indices
+from betonbuild.fields import field_kind, metadata_type
+from betonbuild.sources import input_files
+from betonbuild.verify import CHUNK_ROWS, resolve_mode
+
+MB = 1 << 20
+PROCESS_MB = 768  # measured: a job that imported ffcv and torch peaks at 430-530 MB
+WORKER_MB = 256  # a forked writer worker, beyond its page buffer
+ORDER_BYTES_PER_SAMPLE = 16  # the index range and its seeded permutation, int64 each
+ALLOCATION_BYTES = 24  # one allocation-table entry: sample id, pointer, size
+PYTHON_VALUE_BYTES = 160  # a numpy value in a Python list (verifying a python source)
+LOADER_COPIES = 2  # ffcv.Loader's batch buffer and our decoded copy of it
+UNKNOWN_LENGTH = 1_000_000  # a python/webdataset source's length before its manifest exists
+MIN_RUNTIME = 10  # minutes: start-up, imports, numba compilation, a loaded file system
+SAFETY = 2  # the runtime estimates below are multiplied by this
+READ_MB_PER_S = 100  # hashing or reading files on a shared file system
+DEMO_DATA_MB = 2048
+
+
+# -- What a source kind costs: each of these becomes one registry call. --
+
+
+def _source_length_estimate(spec: DatasetSpec) -> int | None:
+    """The source's length from its files' headers or listing, before a manifest exists; None if unknown."""
+    arrays = _source_arrays(spec)
+    if arrays and arrays[0][0]:
+        return arrays[0][0][0]
+    if spec.source["kind"] == "image_folder":
+        return len(input_files(spec))
+    return None
+
+
+def _source_resident_bytes(spec: DatasetSpec) -> int:
+    """An .npz source is loaded whole; other sources are memory-mapped or read per sample."""
+    arrays = _source_arrays(spec)
+    if not arrays or "path" not in spec.source:
+        return 0
+    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in arrays)
+
+
+def _source_gathers_values(spec: DatasetSpec) -> bool:
+    """Verification gathers the fixed-size values one by one (not as column chunks)."""
+    return spec.source["kind"] not in ("arrays", "image_folder")
+
+
+def _source_arrays(spec: DatasetSpec) -> list[tuple[tuple[int, ...], np.dtype]] | None:
+    """(shape, dtype) per field of an arrays source whose files exist, else None."""
+    source = spec.source
+    if source["kind"] != "arrays":
+        return None
+    try:
+        if "path" in source:
+            headers = _array_headers(source["path"])
+            return [headers[source["columns"][name]] for name in spec.field_names]
+        return [_array_headers(source["columns"][name])[""] for name in spec.field_names]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _array_headers(path: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """(shape, dtype) of every array of an .npy or .npz file, from its header alone."""
+    if path.endswith(".npy"):
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        return {"": (array.shape, array.dtype)}
+    headers = {}
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.namelist():
+            with archive.open(member) as fh:
+                version = np.lib.format.read_magic(fh)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(fh)
+            headers[member.removesuffix(".npy")] = (shape, dtype)
+    return headers
+
+
+# -- Sizes of one sample and of the job's samples --
+
+
+def read_manifest(path: str | None) -> dict[str, Any] | None:
+    """results/{ds}/source.json once it exists (the rule's `manifest` input), else None."""
+    if path and os.path.exists(path):
+        with open(path) as fh:
+            return json.load(fh)
+    return None
+
+
+def num_samples(spec: DatasetSpec, manifest: dict[str, Any] | None) -> int:
+    """Samples of the full file: from the manifest, else estimated from the config."""
+    if manifest:
+        return int(manifest["num_samples"])
+    length = _source_length_estimate(spec)
+    if length is None:
+        return UNKNOWN_LENGTH
+    return count_indices(spec.writer, length)
+
+
+def record_bytes(spec: DatasetSpec) -> int:
+    """Bytes of one sample's metadata record: ffcv aligns the per-field types like this."""
+    fields = [(f.name, metadata_type(f)) for f in spec.fields]
+    return np.dtype(fields, align=True).itemsize
+
+
+def fixed_bytes(spec: DatasetSpec) -> int:
+    """Payload bytes of one sample's fixed-size fields."""
+    return sum(field_kind(field).fixed_bytes(field) for field in spec.fields)
+
+
+def decoded_bytes(spec: DatasetSpec) -> int:
+    """Upper bound of one decoded sample."""
+    return sum(field_kind(field).decoded_bytes(field, spec.writer.page_size) for field in spec.fields)
+
+
+def seconds_per_sample(spec: DatasetSpec) -> float:
+    """One core's time to read, check and encode one sample's values."""
+    return sum(field_kind(field).cost_per_sample_s for field in spec.fields)
+
+
+def _fixed_fields(spec: DatasetSpec) -> int:
+    return sum(field_kind(field).fixed_size for field in spec.fields)
+
+
+def smoke_samples(spec: DatasetSpec, manifest: dict[str, Any] | None) -> int:
+    """The smoke file's samples: the first k and k seeded-random others."""
+    return min(2 * spec.smoke_samples, num_samples(spec, manifest))
+
+
+def part_samples(spec: DatasetSpec, manifest: dict[str, Any] | None, part: int) -> int:
+    """Samples of one part: planned in the manifest, else an even share of the estimate."""
+    if manifest:
+        return int(manifest["partitions"][part]["num_samples"])
+    total = num_samples(spec, manifest)
+    if spec.partitions.samples is not None:
+        return min(total, spec.partitions.samples)
+    return math.ceil(total / (spec.partitions.count or 1))
+
+
+def input_bytes(spec: DatasetSpec, manifest: dict[str, Any] | None) -> int:
+    """Bytes of the source's input files: from the manifest, else from the files on disk."""
+    if manifest:
+        return int(manifest["inputs"]["bytes"])
+    return sum(os.path.getsize(f) for f in input_files(spec) if os.path.isfile(f))
+
+
+def _mb(nbytes: float) -> int:
+    return math.ceil(nbytes / MB)
+
+
+def _minutes(seconds: float, attempt: int) -> int:
+    return (MIN_RUNTIME + math.ceil(SAFETY * seconds / 60)) * attempt
+
+
+def _files_bytes(paths) -> int:
+    return sum(os.path.getsize(path) for path in paths if os.path.isfile(path))
+
+
+def _base_mb(spec: DatasetSpec, samples: int) -> int:
+    return PROCESS_MB + _mb(_source_resident_bytes(spec) + samples * ORDER_BYTES_PER_SAMPLE)
+
+
+def _write_mb(spec: DatasetSpec, samples: int, workers: int) -> int:
+    table = samples * record_bytes(spec)
+    return _base_mb(spec, samples) + _mb(table) + workers * (WORKER_MB + _mb(spec.writer.page_size))
+
+
+def _verify_mb(spec: DatasetSpec, samples: int) -> int:
+    table = samples * record_bytes(spec)
+    if _source_gathers_values(spec):
+        fixed = samples * (2 * fixed_bytes(spec) + _fixed_fields(spec) * PYTHON_VALUE_BYTES)
+    else:
+        fixed = min(samples, CHUNK_ROWS) * 3 * fixed_bytes(spec)
+    batch = min(samples, spec.verify["loader_batch"]) * decoded_bytes(spec) * LOADER_COPIES
+    return _base_mb(spec, samples) + _mb(table + fixed + batch)
+
+
+# -- Per rule: what rules/resources.smk asks for --
+
+
+def source_manifest_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
+    return _base_mb(spec, num_samples(spec, manifest)) * attempt
+
+
+def source_manifest_runtime(input_paths, attempt: int = 1) -> int:
+    """Every input file of the job is read once and hashed (also the shards, by shard_list)."""
+    return _minutes(_files_bytes(input_paths) / MB / READ_MB_PER_S, attempt)
+
+
+def write_threads(spec: DatasetSpec, cores: int) -> int:
+    """The write's threads (its ffcv workers): writer.num_workers, at most --cores; -1 means --cores."""
+    workers = spec.writer.num_workers
+    return cores if workers < 1 else min(workers, cores)
+
+
+def write_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, threads: int, attempt: int = 1) -> int:
+    return _write_mb(spec, num_samples(spec, manifest), threads) * attempt
+
+
+def write_runtime(spec: DatasetSpec, manifest: dict[str, Any] | None, threads: int, attempt: int = 1) -> int:
+    samples = num_samples(spec, manifest)
+    encode = samples * seconds_per_sample(spec) / max(threads, 1)
+    io = (input_bytes(spec, manifest) + samples * fixed_bytes(spec)) / MB / READ_MB_PER_S
+    return _minutes(encode + io, attempt)
+
+
+def smoke_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
+    return _write_mb(spec, smoke_samples(spec, manifest), 1) * attempt
+
+
+def smoke_runtime(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
+    """The smoke samples, plus a look for the largest samples of the source."""
+    return _minutes(smoke_samples(spec, manifest) * seconds_per_sample(spec), attempt)
+
+
+def part_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, part: int, attempt: int = 1) -> int:
+    return _write_mb(spec, part_samples(spec, manifest, part), 1) * attempt
+
+
+def part_runtime(spec: DatasetSpec, manifest: dict[str, Any] | None, part: int, attempt: int = 1) -> int:
+    """A part's share of the write, on its one worker (also the time limit of its verification)."""
+    samples = part_samples(spec, manifest, part)
+    share = samples / max(num_samples(spec, manifest), 1)
+    encode = samples * seconds_per_sample(spec)
+    io = (input_bytes(spec, manifest) * share + samples * fixed_bytes(spec)) / MB / READ_MB_PER_S
+    return _minutes(encode + io, attempt)
+
+
+def part_verify_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, part: int, attempt: int = 1) -> int:
+    return _verify_mb(spec, part_samples(spec, manifest, part)) * attempt
+
+
+def merge_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
+    """Every part's metadata and allocation table, and the merged copies of them."""
+    samples = num_samples(spec, manifest)
+    allocations = samples * len(spec.fields) * ALLOCATION_BYTES
+    return (PROCESS_MB + 2 * _mb(samples * record_bytes(spec) + allocations)) * attempt
+
+
+def merge_runtime(part_paths, attempt: int = 1) -> int:
+    """A copy of every part's data region."""
+    nbytes = sum(os.path.getsize(p) for p in part_paths if os.path.exists(p))
+    return _minutes(nbytes / MB / READ_MB_PER_S, attempt)
+
+
+def verify_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
+    return _verify_mb(spec, num_samples(spec, manifest)) * attempt
+
+
+def verify_runtime(
+    spec: DatasetSpec, manifest: dict[str, Any] | None, beton_path: str | None, threads: int, attempt: int = 1
+) -> int:
+    """Every fixed-size value, the decoded variable-size samples (all of them in full mode, on the
+    job's threads), and a hash of the whole file."""
+    samples = num_samples(spec, manifest)
+    if beton_path and os.path.exists(beton_path):
+        nbytes = os.path.getsize(beton_path)
+    else:
+        nbytes = input_bytes(spec, manifest)
+    fixed = samples * sum(field_kind(f).cost_per_sample_s for f in spec.fields if field_kind(f).fixed_size)
+    decoded = samples if resolve_mode(spec, samples) == "full" else min(samples, spec.verify["samples"])
+    variable = decoded * seconds_per_sample(spec) / max(threads, 1)
+    return _minutes(fixed + variable + nbytes / MB / READ_MB_PER_S, attempt)
+
+
+def verify_smoke_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
+    return _verify_mb(spec, smoke_samples(spec, manifest)) * attempt
+
+
+def verify_smoke_runtime(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
+    return _minutes(smoke_samples(spec, manifest) * seconds_per_sample(spec), attempt)
+
+
+def demo_data_mem_mb(attempt: int = 1) -> int:
+    return DEMO_DATA_MB * attempt
+
+
+def demo_data_runtime(attempt: int = 1) -> int:
+    return MIN_RUNTIME * attempt

@@ -1,0 +1,93 @@
+"""Unit tests of betonbuild.atomic: an output appears at its target path only when complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from betonbuild.atomic import _alive, atomic_path, remove_stale_temp_files, temp_path_for, write_json
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_completed_block_renames_the_temp_file_onto_the_target(tmp_path):
+    target = tmp_path / "sub" / "out.bin"
+    with atomic_path(target) as tmp:
+        assert tmp == temp_path_for(target) == tmp_path / "sub" / f".out.bin.tmp-{os.getpid()}"
+        tmp.write_bytes(b"done")
+        assert not target.exists(), "the target appears only when the block succeeds"
+    assert target.read_bytes() == b"done"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["out.bin"]
+
+
+def test_a_failed_write_leaves_no_file_at_the_target_and_no_temp_file(tmp_path):
+    target = tmp_path / "out.bin"
+    with pytest.raises(RuntimeError, match="encode failed"):
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(b"partial")
+            raise RuntimeError("encode failed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_rewrite_keeps_the_previous_complete_file(tmp_path):
+    target = tmp_path / "out.json"
+    write_json(target, {"v": 1})
+    with pytest.raises(KeyError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("{")
+            raise KeyError("x")
+    assert json.loads(target.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_a_block_that_writes_nothing_fails_and_leaves_nothing(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        with atomic_path(tmp_path / "out.bin"):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_temp_files_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
+    target = tmp_path / "out[1].bin"  # a glob character in the name is matched literally
+    dead = tmp_path / f".out[1].bin.tmp-{dead_pid()}"
+    live = tmp_path / f".out[1].bin.tmp-{os.getppid()}"
+    other = tmp_path / f".other.bin.tmp-{dead_pid()}"
+    odd = tmp_path / ".out[1].bin.tmp-notapid"
+    for path in (dead, live, other, odd):
+        path.write_bytes(b"x")
+    remove_stale_temp_files(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, odd.name])
+    with atomic_path(target) as tmp:  # atomic_path cleans up the same way first
+        tmp.write_bytes(b"ok")
+    assert target.read_bytes() == b"ok" and live.exists()
+
+
+def test_alive_tells_a_running_process_from_an_ended_one():
+    assert _alive(os.getpid())
+    assert _alive(1)  # init; a process of another user (PermissionError) counts as alive too
+    assert not _alive(dead_pid())
+
+
+def test_write_json_writes_numpy_values_and_paths_with_a_final_newline(tmp_path):
+    target = tmp_path / "r.json"
+    write_json(target, {"n": np.int64(3), "x": np.float32(0.5), "a": np.arange(3), "p": Path("a/b")})
+    text = target.read_text()
+    assert text.endswith("}\n")
+    assert json.loads(text) == {"n": 3, "x": 0.5, "a": [0, 1, 2], "p": "a/b"}
+
+
+def test_write_json_refuses_an_unserialisable_value_and_writes_nothing(tmp_path):
+    with pytest.raises(TypeError, match="object is not JSON serialisable"):
+        write_json(tmp_path / "r.json", {"bad": object()})
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,79 @@
+"""Unit tests of betonbuild.workflow.locks: a dead run's Snakemake locks are removed, a live one's kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from betonbuild._compat.snakemake_locks import LOCK_DIR, lock_files
+from betonbuild.workflow.locks import OWNER_FILE, clear_stale_locks, record_lock_owner
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A working directory with the lock files a running (or killed) Snakemake 9 leaves."""
+    monkeypatch.chdir(tmp_path)
+    LOCK_DIR.mkdir(parents=True)
+    for name in ("0.input.lock", "0.output.lock"):
+        (LOCK_DIR / name).write_text(f"{tmp_path}/results/x\n")
+    return tmp_path
+
+
+def owner(pid: int, host: str | None = None) -> None:
+    OWNER_FILE.write_text(json.dumps({"host": host or socket.gethostname(), "pid": pid}))
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_record_lock_owner_writes_this_host_and_process(workdir):
+    record_lock_owner()
+    assert json.loads(OWNER_FILE.read_text()) == {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def test_the_locks_of_a_dead_run_are_removed_with_its_owner_file(workdir):
+    pid = dead_pid()
+    owner(pid)
+    assert [p.name for p in lock_files()] == ["0.input.lock", "0.output.lock"]
+    message = clear_stale_locks()
+    assert message == f"removed the lock left by snakemake process {pid}, which no longer exists (killed?)"
+    assert lock_files() == [] and not OWNER_FILE.exists()
+
+
+def test_the_locks_of_a_live_run_are_kept(workdir):
+    owner(os.getpid())
+    assert clear_stale_locks() is None
+    assert len(lock_files()) == 2 and OWNER_FILE.exists()
+
+
+def test_the_locks_of_a_run_on_another_host_are_kept(workdir):
+    owner(dead_pid(), host=socket.gethostname() + "-elsewhere")
+    assert clear_stale_locks() is None
+    assert len(lock_files()) == 2
+
+
+def test_locks_without_an_owner_file_are_kept(workdir):
+    assert clear_stale_locks() is None
+    assert len(lock_files()) == 2
+
+
+def test_an_unreadable_owner_file_keeps_the_locks(workdir):
+    OWNER_FILE.write_text("{not json")
+    assert clear_stale_locks() is None
+    assert len(lock_files()) == 2
+
+
+def test_no_locks_is_nothing_to_do_and_the_owner_file_stays(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    OWNER_FILE.parent.mkdir()
+    owner(dead_pid())
+    assert clear_stale_locks() is None
+    assert OWNER_FILE.exists()
