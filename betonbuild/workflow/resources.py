@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild.config.spec import DatasetSpec, FieldSpec, count_indices
+from betonbuild.config.spec import DatasetSpec, count_indices
 from betonbuild.fields import field_kind, metadata_type
 from betonbuild.sources import input_files
 from betonbuild.verify import CHUNK_ROWS, resolve_mode
