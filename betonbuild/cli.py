@@ -70,9 +70,10 @@ def _dataset(config_path: str, name: str):
 def _manifest(spec, directory: str) -> str:
     """The source manifest (and, for shards, the shard list) in a scratch directory."""
     # why local: the stages import every part of the library (numpy, yaml, the sources)
+    from betonbuild.sources import needs_shard_list
     from betonbuild.workflow.stages import make_shard_list, make_source_manifest
 
-    if spec.source["kind"] == "webdataset":
+    if needs_shard_list(spec):
         make_shard_list(spec, os.path.join(directory, "shards.json"))
     manifest = os.path.join(directory, "source.json")
     make_source_manifest(spec, manifest, plan_parts=False)  # the CLI writes one file, never parts

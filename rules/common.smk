@@ -8,8 +8,8 @@ from betonbuild.workflow import rerun
 from betonbuild.workflow.locks import clear_stale_locks, record_lock_owner
 from betonbuild._compat.snakemake_timers import cancel_idle_timers
 from betonbuild.provenance import installed_ffcv_build
-from betonbuild.sources import input_files
-from betonbuild.sources.webdataset import expand_shards, webdataset_installed
+from betonbuild.sources import input_files, missing_package, needs_shard_list
+from betonbuild.sources import shard_files as source_shard_files
 from betonbuild.config.load import SCHEMA_PATH, check_no_duplicate_keys, load_config
 
 # Our own checks first: they name the dataset and key (e.g. a field name longer than 16 bytes).
@@ -86,7 +86,7 @@ def stage_benchmarks(wildcards):
     stages = ["source_manifest", "smoke", "verify_smoke"]
     stages += ["merge"] if partitioned else ["write"]
     stages += ["verify"]
-    if is_webdataset(DATASETS[wildcards.ds]):
+    if needs_shard_list(DATASETS[wildcards.ds]):
         stages.insert(0, "shard_list")
     paths = [benchmark_path(stage).format(ds=wildcards.ds) for stage in stages]
     if partitioned:
@@ -108,27 +108,15 @@ def source_inputs(wildcards):
     A webdataset source is read through its shard list (whose inputs are the shards)."""
     spec = DATASETS[wildcards.ds]
     shards = (
-        [result("shards.json").format(ds=wildcards.ds)] if is_webdataset(spec) else []
+        [result("shards.json").format(ds=wildcards.ds)] if needs_shard_list(spec) else []
     )
     return shards + input_files(spec)
 
 
-def is_webdataset_without_package(spec):
-    return is_webdataset(spec) and not webdataset_installed()
-
-
-def is_webdataset(spec):
-    return spec.source["kind"] == "webdataset"
-
-
 def shard_files(wildcards):
-    """The local .tar shards of a webdataset source (brace patterns and globs expanded)."""
-    spec = DATASETS[wildcards.ds]
-    if not is_webdataset(spec) or not webdataset_installed():
-        return (
-            []
-        )  # without webdataset, the shard_list job itself fails with the clear message
-    return expand_shards(spec)
+    """The local .tar shards of a webdataset source (brace patterns and globs expanded); none
+    without the webdataset package: the shard_list job itself then fails with the clear message."""
+    return source_shard_files(DATASETS[wildcards.ds])
 
 
 def manifest(wildcards):
@@ -220,7 +208,7 @@ def reader_build(wildcards):
 
 
 for _name, _spec in DATASETS.items():
-    if is_webdataset_without_package(_spec):
+    if missing_package(_spec):
         logger.warning(
             f"dataset '{_name}' reads WebDataset shards but the optional package `webdataset` is not "
             "installed: its jobs will fail; the other datasets still build with --keep-going"

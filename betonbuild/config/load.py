@@ -27,10 +27,10 @@ from betonbuild.config.spec import (
 )
 from betonbuild.errors import ConfigError
 from betonbuild.fields import field_kind
+from betonbuild.sources import SOURCE_KINDS
 
 SCHEMA_PATH = Path(__file__).parent / "schema" / "config.schema.yaml"
 _SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # http:, s3:, gs:, pipe:, file: ...
 
 
 def load_config(config: dict[str, Any]) -> Config:
@@ -134,15 +134,7 @@ def _dataset_spec(name: str, entry: dict[str, Any]) -> DatasetSpec:
             f"{where}.sample_keys",
             f"has {len(sample_keys)} keys but there are {len(fields)} fields; give one key per field, in field order",
         )
-    _check_source(f"{where}.source", entry["source"], fields)
-    if entry["source"]["kind"] == "webdataset" and (
-        entry["writer"]["shuffle"] or entry["writer"]["indices"] is not None
-    ):
-        raise ConfigError(
-            f"{where}.writer",
-            "a webdataset source is written in shard order: shuffle and indices are not supported "
-            "(shuffle at load time with ffcv's Loader, order=RANDOM)",
-        )
+    _check_source(f"{where}.source", entry["source"], fields, entry["writer"])
     if entry["partitions"] is not None and entry["samples_per_partition"] is not None:
         raise ConfigError(where, "give `partitions` or `samples_per_partition`, not both")
     return DatasetSpec(
@@ -187,44 +179,9 @@ def _field_spec(where: str, name: str, entry: dict[str, Any]) -> FieldSpec:
     )
 
 
-def _check_source(where: str, source: dict[str, Any], fields: tuple[FieldSpec, ...]) -> None:
-    names = [f.name for f in fields]
-    if source["kind"] == "arrays":
-        columns = source["columns"]
-        missing = [n for n in names if n not in columns]
-        extra = [c for c in columns if c not in names]
-        if missing or extra:
-            raise ConfigError(
-                f"{where}.columns",
-                f"must name one array per field; missing {missing}, not a field {extra}",
-            )
-        if "path" not in source:
-            bad = [c for c in columns.values() if not c.endswith(".npy")]
-            if bad:
-                raise ConfigError(f"{where}.columns", f"without `path` every column is a .npy file; got {bad}")
-        elif not source["path"].endswith(".npz"):
-            raise ConfigError(f"{where}.path", f"{source['path']!r} must be an .npz file (or give .npy columns)")
-    elif source["kind"] == "webdataset":
-        shards = [source["shards"]] if isinstance(source["shards"], str) else source["shards"]
-        for pattern in shards:
-            if _URL_RE.match(pattern):
-                raise ConfigError(
-                    f"{where}.shards",
-                    f"{pattern!r} is a URL; betonbuild reads local shard files only (obtaining shards is not "
-                    "its job: download them first, then list the local paths)",
-                )
-        if not shards:
-            raise ConfigError(f"{where}.shards", "lists no shard")
-        unknown = [k for k in (source.get("keys") or {}) if k not in names]
-        if unknown:
-            raise ConfigError(f"{where}.keys", f"names {unknown}, which are not fields {names}")
-    elif source["kind"] == "image_folder":
-        types = [f.type for f in fields]
-        if types != ["rgb_image", "int"]:
-            raise ConfigError(
-                f"{where.rsplit('.', 1)[0]}.fields",
-                f"an image_folder yields (image, label): declare an rgb_image field then an int field, not {types}",
-            )
+def _check_source(where: str, source: dict[str, Any], fields: tuple[FieldSpec, ...], writer: dict[str, Any]) -> None:
+    """What the schema cannot say about the source, and what its kind requires of the writer."""
+    SOURCE_KINDS[source["kind"]].check_config(where, source, fields, writer)
 
 
 def _writer_spec(where: str, entry: dict[str, Any]) -> WriterSpec:

@@ -177,6 +177,9 @@ class CustomKind(FieldKind):
     def metadata_type(self, field: FieldSpec) -> np.dtype:
         return np.dtype(build(field).metadata_type)  # the class declares its own
 
+    def adapter_references(self, field: FieldSpec) -> list[str]:
+        return [field.options["class"]]
+
     def build(self, field: FieldSpec) -> Any:
         return build(field)
 

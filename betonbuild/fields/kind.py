@@ -95,6 +95,10 @@ class FieldKind:
         """The value ffcv will encode, or ``raise fail(why, fix)``: the sample contract."""
         raise NotImplementedError(self.name)
 
+    def adapter_references(self, field: FieldSpec) -> list[str]:
+        """``module:attr`` references to the user's code the field is written with (editing it rebuilds)."""
+        return []
+
     def allow_empty(self, field: FieldSpec) -> bool:
         """Whether a size-0 allocation is this field's value, not a defect (the structural checks)."""
         return False

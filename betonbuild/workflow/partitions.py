@@ -2,9 +2,10 @@
 
 The source manifest plans them (``plan_partitions``); each part is then one Snakemake job that
 writes ``results/{ds}/parts/{i}.beton`` and the merge joins them in order. A part's fingerprint is
-a digest of exactly the source content its samples are read from, so that a change to one part's
-source (one shard, one image, some rows of an array) changes that part's fingerprint alone and
-Snakemake (which sees it as a rule parameter) rewrites that part alone:
+a digest of exactly the source content its samples are read from (the source kind's
+``part_fingerprint``, and the user's adapter code), so that a change to one part's source (one
+shard, one image, some rows of an array) changes that part's fingerprint alone and Snakemake
+(which sees it as a rule parameter) rewrites that part alone:
 
 - webdataset: a part is a contiguous group of whole shards; its fingerprint covers their sha256s.
 - image folder: the relative path and sha256 of every image file of the part.
@@ -20,11 +21,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import blake3
 import numpy as np
 
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import ConfigError
+from betonbuild.sources.base import Source
 
 
 def rows_digest(rows: np.ndarray) -> str:
@@ -78,18 +79,17 @@ def _shard_groups(spec: DatasetSpec, counts: list[int]) -> list[tuple[int, int]]
     return [(int(starts[a]), int(starts[b])) for a, b in zip(shard_edges[:-1], shard_edges[1:])]
 
 
-def plan_partitions(spec: DatasetSpec, source, order: np.ndarray, inputs: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_partitions(
+    spec: DatasetSpec, source: Source, order: np.ndarray, inputs: dict[str, Any]
+) -> list[dict[str, Any]]:
     """One entry per part: its slice of the order, the digest of its rows and of its source content
     (which includes the user's adapter code: an edit there rewrites every part)."""
-    kind = spec.source["kind"]
-    counts = [int(e["samples"]) for e in source.entries] if kind == "webdataset" else None
-    bounds = partition_bounds(spec, len(order), counts)
+    bounds = partition_bounds(spec, len(order), source.shard_counts())
     if len(bounds) == 1:
         return [whole_order(order, inputs)]
-    content = _content_function(kind, whole_shards=True)
 
     def fingerprint(rows: np.ndarray) -> str:
-        return _fingerprint(inputs, content(source, rows, inputs))
+        return _fingerprint(inputs, source.part_fingerprint(rows, inputs))
 
     # the hashes release the GIL on large buffers: array rows hash on all cores
     with ThreadPoolExecutor(min(len(bounds), os.cpu_count() or 1)) as pool:
@@ -100,26 +100,17 @@ def plan_partitions(spec: DatasetSpec, source, order: np.ndarray, inputs: dict[s
     ]
 
 
-def plan_smoke(spec: DatasetSpec, source, rows: np.ndarray, inputs: dict[str, Any]) -> dict[str, Any]:
+def plan_smoke(spec: DatasetSpec, source: Source, rows: np.ndarray, inputs: dict[str, Any]) -> dict[str, Any]:
     """The smoke stage's samples (``rows``: the smoke samples and the largest ones its pre-flight
     inspects) and a fingerprint of exactly their source content, like a part's: the smoke file and
     its gate rerun when one of those samples (or the adapter code) changes, not for any change of
     the source. A webdataset source is fingerprinted sample by sample here, since the smoke
     samples are spread over the shards."""
-    content = _content_function(spec.source["kind"], whole_shards=False)
     return {
         "num_samples": int(len(rows)),
         "samples_sha256": rows_digest(rows),  # of the sorted source indices
-        "fingerprint": _fingerprint(inputs, content(source, rows, inputs)),
+        "fingerprint": _fingerprint(inputs, source.smoke_fingerprint(rows, inputs)),
     }
-
-
-def _content_function(kind: str, whole_shards: bool):
-    """How the source content of some rows is fingerprinted. A part of a webdataset source is a
-    group of whole shards (their sha256s say it all); the smoke samples are read member by member."""
-    if kind == "webdataset":
-        return _shards_fingerprint if whole_shards else _samples_fingerprint
-    return {"image_folder": _files_fingerprint, "arrays": _rows_fingerprint}.get(kind, _no_content)
 
 
 def _fingerprint(inputs: dict[str, Any], content: str) -> str:
@@ -148,52 +139,3 @@ def _entry(index: int, start: int, stop: int, rows: np.ndarray, fingerprint: str
         "rows_sha256": rows_digest(rows),
         "fingerprint": fingerprint,
     }
-
-
-def _no_content(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:
-    return ""  # a python factory's samples: only its code (the adapters digest) can be fingerprinted
-
-
-def _samples_fingerprint(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:
-    from betonbuild.sources.webdataset import samples_digest
-
-    return samples_digest(source, rows)
-
-
-def _shards_fingerprint(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:
-    first, last = source.location(int(rows[0]))[0], source.location(int(rows[-1]))[0]
-    digest = hashlib.sha256()
-    for entry in source.entries[first : last + 1]:
-        digest.update(f"{entry['path']}\0{entry['size']}\0{entry['sha256']}\n".encode())
-    return digest.hexdigest()
-
-
-def _files_fingerprint(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:
-    digests = inputs["file_sha256"]
-    digest = hashlib.sha256()
-    for row in rows.tolist():
-        rel, label = source.items[row]
-        digest.update(f"{rel}\0{label}\0{digests[row]}\n".encode())
-    return digest.hexdigest()
-
-
-HASH_BLOCK_BYTES = 64 << 20
-
-
-def _rows_fingerprint(source, rows: np.ndarray, inputs: dict[str, Any]) -> str:
-    """The part's rows of every column, as bytes, read in blocks of at most 64 MiB. Rows in
-    ascending runs (no shuffle) are hashed straight from the memory map, without a copy.
-
-    BLAKE3, not sha256: it hashes memory-mapped rows at about 7 GiB/s per core, sha256 at 1.5,
-    and this is the one digest of a clean partitioned build that reads every byte of the source."""
-    digest = blake3.blake3()
-    first = int(rows[0]) if len(rows) else 0
-    contiguous = bool(np.array_equal(rows, np.arange(first, first + len(rows))))
-    for column in source.columns:
-        digest.update(f"{column.dtype.str}{column.shape[1:]}\n".encode())
-        step = max(1, HASH_BLOCK_BYTES // max(1, column[:1].nbytes))
-        for start in range(0, len(rows), step):
-            stop = min(start + step, len(rows))
-            block = column[first + start : first + stop] if contiguous else column[rows[start:stop]]
-            digest.update(memoryview(np.ascontiguousarray(block)).cast("B"))
-    return digest.hexdigest()

@@ -24,14 +24,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import zipfile
 from typing import Any
 
 import numpy as np
 
 from betonbuild.config.spec import DatasetSpec, count_indices
 from betonbuild.fields import field_kind, metadata_type
-from betonbuild.sources import input_files
+from betonbuild.sources import gathers_fixed_values_one_by_one, input_files, source_class
 from betonbuild.verify import CHUNK_ROWS, resolve_mode
 
 MB = 1 << 20
@@ -46,62 +45,6 @@ MIN_RUNTIME = 10  # minutes: start-up, imports, numba compilation, a loaded file
 SAFETY = 2  # the runtime estimates below are multiplied by this
 READ_MB_PER_S = 100  # hashing or reading files on a shared file system
 DEMO_DATA_MB = 2048
-
-
-# -- What a source kind costs: each of these becomes one registry call. --
-
-
-def _source_length_estimate(spec: DatasetSpec) -> int | None:
-    """The source's length from its files' headers or listing, before a manifest exists; None if unknown."""
-    arrays = _source_arrays(spec)
-    if arrays and arrays[0][0]:
-        return arrays[0][0][0]
-    if spec.source["kind"] == "image_folder":
-        return len(input_files(spec))
-    return None
-
-
-def _source_resident_bytes(spec: DatasetSpec) -> int:
-    """An .npz source is loaded whole; other sources are memory-mapped or read per sample."""
-    arrays = _source_arrays(spec)
-    if not arrays or "path" not in spec.source:
-        return 0
-    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in arrays)
-
-
-def _source_gathers_values(spec: DatasetSpec) -> bool:
-    """Verification gathers the fixed-size values one by one (not as column chunks)."""
-    return spec.source["kind"] not in ("arrays", "image_folder")
-
-
-def _source_arrays(spec: DatasetSpec) -> list[tuple[tuple[int, ...], np.dtype]] | None:
-    """(shape, dtype) per field of an arrays source whose files exist, else None."""
-    source = spec.source
-    if source["kind"] != "arrays":
-        return None
-    try:
-        if "path" in source:
-            headers = _array_headers(source["path"])
-            return [headers[source["columns"][name]] for name in spec.field_names]
-        return [_array_headers(source["columns"][name])[""] for name in spec.field_names]
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-def _array_headers(path: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """(shape, dtype) of every array of an .npy or .npz file, from its header alone."""
-    if path.endswith(".npy"):
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-        return {"": (array.shape, array.dtype)}
-    headers = {}
-    with zipfile.ZipFile(path) as archive:
-        for member in archive.namelist():
-            with archive.open(member) as fh:
-                version = np.lib.format.read_magic(fh)
-                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                shape, _, dtype = read(fh)
-            headers[member.removesuffix(".npy")] = (shape, dtype)
-    return headers
 
 
 # -- Sizes of one sample and of the job's samples --
@@ -119,7 +62,7 @@ def num_samples(spec: DatasetSpec, manifest: dict[str, Any] | None) -> int:
     """Samples of the full file: from the manifest, else estimated from the config."""
     if manifest:
         return int(manifest["num_samples"])
-    length = _source_length_estimate(spec)
+    length = source_class(spec).estimated_length(spec)
     if length is None:
         return UNKNOWN_LENGTH
     return count_indices(spec.writer, length)
@@ -185,7 +128,7 @@ def _files_bytes(paths) -> int:
 
 
 def _base_mb(spec: DatasetSpec, samples: int) -> int:
-    return PROCESS_MB + _mb(_source_resident_bytes(spec) + samples * ORDER_BYTES_PER_SAMPLE)
+    return PROCESS_MB + _mb(source_class(spec).resident_bytes(spec) + samples * ORDER_BYTES_PER_SAMPLE)
 
 
 def _write_mb(spec: DatasetSpec, samples: int, workers: int) -> int:
@@ -195,7 +138,7 @@ def _write_mb(spec: DatasetSpec, samples: int, workers: int) -> int:
 
 def _verify_mb(spec: DatasetSpec, samples: int) -> int:
     table = samples * record_bytes(spec)
-    if _source_gathers_values(spec):
+    if gathers_fixed_values_one_by_one(spec):
         fixed = samples * (2 * fixed_bytes(spec) + _fixed_fields(spec) * PYTHON_VALUE_BYTES)
     else:
         fixed = min(samples, CHUNK_ROWS) * 3 * fixed_bytes(spec)

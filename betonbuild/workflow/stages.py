@@ -21,6 +21,7 @@ from betonbuild.errors import MergeError, SampleError, SourceError, Verification
 from betonbuild.fields.custom import custom_handlers
 from betonbuild.provenance import ffcv_build
 from betonbuild.sources import open_source, source_fingerprint
+from betonbuild.sources.shards import shard_list
 from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
 from betonbuild.workflow.partitions import (
     partition_bounds,
@@ -37,8 +38,6 @@ from betonbuild.write.writer import resolve_workers, write_beton
 
 def make_shard_list(spec: DatasetSpec, shard_list_path: str) -> dict[str, Any]:
     """results/{ds}/shards.json of a webdataset source (counts cached beside it, per shard)."""
-    from betonbuild.sources.webdataset import shard_list
-
     listing = shard_list(spec, Path(shard_list_path).with_name(".shards-cache.json"))
     write_json(shard_list_path, listing)
     return listing
@@ -58,7 +57,7 @@ def make_source_manifest(
     order = resolve_indices(spec.writer, len(source), spec.name)
     # A partitioned arrays source is read once, for its parts' row digests, which then make up its
     # fingerprint (hashing the files as well would read every byte twice)
-    by_parts = plan_parts and spec.source["kind"] == "arrays" and len(partition_bounds(spec, len(order))) > 1
+    by_parts = plan_parts and source.fingerprint_from_parts and len(partition_bounds(spec, len(order))) > 1
     inputs = source_fingerprint(spec, source, read_files=not by_parts)
     parts = plan_partitions(spec, source, order, inputs) if plan_parts else [whole_order(order, inputs)]
     if by_parts:
@@ -96,16 +95,6 @@ def smoke_samples(spec: DatasetSpec, order: np.ndarray) -> np.ndarray:
 def smoke_rows(spec: DatasetSpec, source, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Source indices of (the smoke samples, the largest samples its pre-flight also inspects)."""
     return smoke_samples(spec, order), largest_rows(source, order)
-
-
-def shard_work_items(source, rows: np.ndarray) -> list | None:
-    """For shards: one work item per shard, so each shard is opened and read once, by one worker."""
-    if not hasattr(source, "location"):
-        return None
-    items: dict[int, list[tuple[int, int]]] = {}
-    for dest, index in enumerate(rows.tolist()):
-        items.setdefault(source.location(index)[0], []).append((dest, index))
-    return list(items.values())
 
 
 def rows_to_write(spec: DatasetSpec, source, manifest_path: str, smoke: bool, part: int | None = None) -> np.ndarray:
@@ -167,7 +156,7 @@ def build(
             workers,
             label=f"{spec.name} ({stage})",
             log=log,
-            work_items=shard_work_items(source, rows),
+            work_items=source.work_items(rows),  # shards: each opened and read once, by one worker
         )
     except SampleError as exc:
         saved = save_failure(failure_dir, spec, source, exc, stage, started)

@@ -233,7 +233,7 @@ def test_array_part_fingerprints_are_their_rows_bytes_and_make_up_the_source_fin
     they are a contiguous run; the files are not hashed a second time."""
     import blake3
 
-    import betonbuild.workflow.partitions as partitions
+    import betonbuild.sources.arrays as arrays
     from betonbuild.sources import open_source
     from betonbuild.workflow.partitions import parts_digest
 
@@ -248,7 +248,7 @@ def test_array_part_fingerprints_are_their_rows_bytes_and_make_up_the_source_fin
             "writer": {"shuffle": shuffle, "seed": 4},
         }
     )
-    monkeypatch.setattr(partitions, "HASH_BLOCK_BYTES", 100)  # 2 rows of x per block
+    monkeypatch.setattr(arrays, "HASH_BLOCK_BYTES", 100)  # 2 rows of x per block
     manifest = make_source_manifest(spec, "m.json")
     order = np.random.default_rng(4).permutation(100) if shuffle else np.arange(100)
     adapters = manifest["inputs"]["adapters_sha256"]

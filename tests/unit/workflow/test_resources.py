@@ -15,6 +15,7 @@ from PIL import Image
 
 from betonbuild.config.load import load_config
 from betonbuild.config.spec import DatasetSpec, WriterSpec, count_indices, resolve_indices
+from betonbuild.sources import gathers_fixed_values_one_by_one, source_class
 from betonbuild.workflow import resources
 
 N = 50  # rows of the test arrays
@@ -163,19 +164,19 @@ def test_sizes_of_one_sample(npz, tmp_path):
 
 
 def test_an_npz_is_resident_and_npy_columns_are_memory_mapped(npz, npy_columns):
-    assert resources._source_resident_bytes(digits(npz)) == N * 64 + N * 8
+    assert source_class(digits(npz)).resident_bytes(digits(npz)) == N * 64 + N * 8
     npy = spec_of(
         {"kind": "arrays", "columns": npy_columns},
         {"image": {"type": "ndarray", "dtype": "float32", "shape": [25, 25]}, "label": {"type": "int"}},
     )
-    assert resources._source_resident_bytes(npy) == 0
-    assert resources._source_resident_bytes(wine()) == 0
+    assert source_class(npy).resident_bytes(npy) == 0
+    assert source_class(wine()).resident_bytes(wine()) == 0
 
 
 def test_a_python_source_is_gathered_value_by_value(npz, tmp_path):
-    assert resources._source_gathers_values(wine())
-    assert not resources._source_gathers_values(digits(npz))
-    assert not resources._source_gathers_values(photos(tmp_path))
+    assert gathers_fixed_values_one_by_one(wine())
+    assert not gathers_fixed_values_one_by_one(digits(npz))
+    assert not gathers_fixed_values_one_by_one(photos(tmp_path))
 
 
 def test_write_threads_follow_num_workers_at_most_the_cores(npz):
