@@ -80,7 +80,7 @@ def _write_record(staging: Path, directory: Path, spec: DatasetSpec, source, err
         "spec": spec.to_dict(),
         "sample_file": None,
     }
-    if source.needs_shard_list:  # keep the shard list, so the replay finds the same sample
+    if getattr(source, "needs_shard_list", False):  # keep the shard list, so the replay finds the same sample
         write_json(staging / "shards.json", {"dataset": spec.name, "shards": source.entries})
         record["dataset_dir"] = str(directory.resolve())
     if error.index is not None:

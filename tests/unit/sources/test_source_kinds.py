@@ -14,6 +14,7 @@ from wds_samples import photo_samples, wds_spec, write_shard
 
 from betonbuild.config.load import load_config
 from betonbuild.config.spec import DatasetSpec
+from betonbuild.fields import field_kind
 from betonbuild.sources import (
     SOURCE_KINDS,
     ArraysSource,
@@ -193,7 +194,7 @@ def test_verification_gathers_fixed_values_one_by_one_unless_the_kind_gives_colu
 def test_fixed_columns_cover_every_fixed_size_field_where_the_kind_says_so(tmp_path, photo_folder):
     for spec in (arrays_npz(tmp_path), folder_spec(photo_folder)):
         source = open_source(spec)
-        fixed = [f.name for f in spec.fields if f.is_fixed_size]
+        fixed = [f.name for f in spec.fields if field_kind(f).fixed_size]
         assert source.gives_fixed_columns and sorted(source.fixed_columns()) == sorted(fixed)
 
 
