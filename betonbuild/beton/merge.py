@@ -364,7 +364,7 @@ def _columns(first: _Part, custom_classes: Mapping[str, type]) -> list[_Column]:
 
 
 def _custom_column(first: _Part, j: int, name: str, desc, custom_classes: Mapping[str, type]) -> _Column:
-    where = f"custom field {j} {name!r} (type id 255)"
+    where = f"custom field {j} {name!r} (type id {CUSTOM_TYPE_ID})"
     cls = custom_classes.get(name)
     if cls is None:
         raise MergeError(
