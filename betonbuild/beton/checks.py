@@ -12,7 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild.beton.format import IMAGE_MODE_JPEG, IMAGE_MODE_RAW, POINTER_TYPES, BetonFile, FieldInfo
+from betonbuild.beton.format import (
+    IMAGE_MODE_JPEG,
+    IMAGE_MODE_RAW,
+    PAYLOAD_TYPE_IDS,
+    POINTER_TYPES,
+    RGB_IMAGE_TYPE_ID,
+    BetonFile,
+    FieldInfo,
+)
 
 _EMPTY_ALLOCATION_NOTE = (
     "ffcv's Loader mis-reads them: a size-0 allocation shares its pointer with the next allocation, "
@@ -161,7 +169,7 @@ def _metadata_pointers(beton: BetonFile) -> dict[str, Any]:
         sizes = beton._size_or_none(info)
         found = beton.match_allocations(pointers, rows, sizes)
         missing = found < 0
-        if info.type_id == 2 and not missing.any():
+        if info.type_id == RGB_IMAGE_TYPE_ID and not missing.any():
             problems += _image_problems(beton, info, found)
         if missing.any():
             row = int(np.argmax(missing))
@@ -211,7 +219,7 @@ def _no_empty_allocations(beton: BetonFile, allow_empty: tuple[str, ...]) -> dic
     allowed = 0
     per_field = {}
     for info in beton.fields:
-        if info.type_id in (3, 5):
+        if info.type_id in PAYLOAD_TYPE_IDS:
             count = int((beton.metadata[info.name]["size"] == 0).sum())
             if count:
                 per_field[info.name] = count

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from betonbuild.beton.format import BetonFile
-from betonbuild.fields import kind_of_type_id
+from betonbuild.fields import stored_kind
 
 PREFIX = b"betonbuild content digest v1\n"
 RANGE_PREFIX = b"betonbuild range digest v1\n"
@@ -98,9 +98,7 @@ def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
     if all(isinstance(c, np.ndarray) for c in columns):
         digest.update(np.hstack(columns).tobytes())  # fixed-size only: sample-major bytes in one go
         return digest.digest()
-    has_custom = any(
-        kind_of_type_id(f.type_id, f"{beton.path}: field '{f.name}'").custom_allocations for f in beton.fields
-    )
+    has_custom = any(stored_kind(f, beton.path).custom_allocations for f in beton.fields)
     for i, position in enumerate(positions):
         allocations = beton.custom_allocations(int(position)) if has_custom else []
         for column in columns:
@@ -120,6 +118,4 @@ def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
 def _column(beton: BetonFile, info, positions: np.ndarray):
     """An (n, k) uint8 array of every position's canonical bytes, or a function (i, position, allocs) -> parts."""
     meta = beton.metadata[info.name][positions]
-    return kind_of_type_id(info.type_id, f"{beton.path}: field '{info.name}'").digest_column(
-        beton, info, positions, meta
-    )
+    return stored_kind(info, beton.path).digest_column(beton, info, positions, meta)

@@ -40,37 +40,53 @@ FIELD_DESC_TYPE = np.dtype([("type_id", "<u1"), ("name", ("<u1", 16)), ("argumen
 ALLOC_TABLE_TYPE = np.dtype([("sample_id", "<u8"), ("ptr", "<u8"), ("size", "<u8")])
 NDARRAY_ARGS_TYPE = np.dtype([("shape", "<u8", 32), ("type_length", "<u8")])
 FORMAT_VERSION = 2
+
+# ffcv's descriptor type ids (``ffcv.types.TYPE_ID_HANDLER``): the file format's own table. The
+# reader must parse any file, whatever config wrote it, so it knows them; everything else asks
+# the field kind (``betonbuild.fields``).
+FLOAT_TYPE_ID = 0
+INT_TYPE_ID = 1
+RGB_IMAGE_TYPE_ID = 2
+BYTES_TYPE_ID = 3
+NDARRAY_TYPE_ID = 4
+JSON_TYPE_ID = 5
+TORCH_TENSOR_TYPE_ID = 6
 CUSTOM_TYPE_ID = 255
+# One fixed-shape payload per sample, its dtype and shape in the descriptor's arguments.
+ARRAY_TYPE_IDS = (NDARRAY_TYPE_ID, TORCH_TENSOR_TYPE_ID)
+# One variable-size payload per sample, its {ptr, size} in the metadata record.
+PAYLOAD_TYPE_IDS = (BYTES_TYPE_ID, JSON_TYPE_ID)
 
 TYPE_NAMES = {
-    0: "float",
-    1: "int",
-    2: "rgb_image",
-    3: "bytes",
-    4: "ndarray",
-    5: "json",
-    6: "torch_tensor",
-    255: "custom",
+    FLOAT_TYPE_ID: "float",
+    INT_TYPE_ID: "int",
+    RGB_IMAGE_TYPE_ID: "rgb_image",
+    BYTES_TYPE_ID: "bytes",
+    NDARRAY_TYPE_ID: "ndarray",
+    JSON_TYPE_ID: "json",
+    TORCH_TENSOR_TYPE_ID: "torch_tensor",
+    CUSTOM_TYPE_ID: "custom",
 }
+_PAYLOAD_RECORD = np.dtype([("ptr", "<u8"), ("size", "<u8")])
 METADATA_TYPES = {
-    0: np.dtype("<f8"),
-    1: np.dtype("<i8"),
-    2: np.dtype([("mode", "<u1"), ("width", "<u2"), ("height", "<u2"), ("data_ptr", "<u8")]),
-    3: np.dtype([("ptr", "<u8"), ("size", "<u8")]),
-    4: np.dtype("<u8"),
-    5: np.dtype([("ptr", "<u8"), ("size", "<u8")]),
-    6: np.dtype("<u8"),
+    FLOAT_TYPE_ID: np.dtype("<f8"),
+    INT_TYPE_ID: np.dtype("<i8"),
+    RGB_IMAGE_TYPE_ID: np.dtype([("mode", "<u1"), ("width", "<u2"), ("height", "<u2"), ("data_ptr", "<u8")]),
+    BYTES_TYPE_ID: _PAYLOAD_RECORD,
+    NDARRAY_TYPE_ID: np.dtype("<u8"),
+    JSON_TYPE_ID: _PAYLOAD_RECORD,
+    TORCH_TENSOR_TYPE_ID: np.dtype("<u8"),
 }
 WHOLE_COLUMN = ""  # in a pointer-column list: the field's metadata column itself is the pointer
 # Metadata columns of ffcv's built-in fields that hold absolute file offsets.
 BUILTIN_POINTER_COLUMNS: dict[int, tuple[str, ...]] = {
-    0: (),  # float
-    1: (),  # int
-    2: ("data_ptr",),  # rgb_image: packed {mode u1, width <u2, height <u2, data_ptr <u8}
-    3: ("ptr",),  # bytes
-    4: (WHOLE_COLUMN,),  # ndarray
-    5: ("ptr",),  # json
-    6: (WHOLE_COLUMN,),  # torch_tensor
+    FLOAT_TYPE_ID: (),
+    INT_TYPE_ID: (),
+    RGB_IMAGE_TYPE_ID: ("data_ptr",),  # packed {mode u1, width <u2, height <u2, data_ptr <u8}
+    BYTES_TYPE_ID: ("ptr",),
+    NDARRAY_TYPE_ID: (WHOLE_COLUMN,),
+    JSON_TYPE_ID: ("ptr",),
+    TORCH_TENSOR_TYPE_ID: (WHOLE_COLUMN,),
 }
 # Built-in fields whose metadata points at one allocation per sample: (2, 3, 4, 5, 6).
 POINTER_TYPES = tuple(type_id for type_id, columns in BUILTIN_POINTER_COLUMNS.items() if columns)
@@ -92,7 +108,7 @@ class FieldInfo:
     type_name: str
     metadata_type: np.dtype
     arguments: bytes
-    dtype: np.dtype | None = None  # ndarray / torch_tensor payload dtype
+    dtype: np.dtype | None = None  # the payload dtype of an ARRAY_TYPE_IDS field
     shape: tuple[int, ...] | None = None
     handler: Any = None  # the custom field instance (type 255), built by its class's from_binary
 
@@ -105,25 +121,6 @@ class FieldInfo:
         for s in self.shape:
             n *= s
         return n
-
-    def describe_arguments(self) -> dict[str, Any]:
-        """The descriptor's arguments, decoded where the type defines them."""
-        if self.type_id in (4, 6):
-            return {"dtype": self.dtype.str, "shape": list(self.shape)}
-        if self.type_id == CUSTOM_TYPE_ID:
-            stripped = self.arguments.rstrip(b"\0")
-            described = (
-                {"class": f"{type(self.handler).__module__}.{type(self.handler).__qualname__}"} if self.handler else {}
-            )
-            return {
-                **described,
-                "metadata_type": str(self.metadata_type),
-                "arguments_hex": stripped[:64].hex(),
-                "arguments_bytes_used": len(stripped),
-            }
-        if self.type_id == 2:
-            return {"note": "ffcv stores no image arguments (write_mode, quality and max_resolution are not recorded)"}
-        return {}
 
 
 class UnregisteredCustomField(BetonFormatError):
@@ -228,7 +225,7 @@ class BetonFile:
             if type_id not in METADATA_TYPES:
                 raise BetonFormatError(f"{self.path}: field {i} ('{name}') has unknown type id {type_id}")
             dtype = shape = None
-            if type_id in (4, 6):
+            if type_id in ARRAY_TYPE_IDS:
                 dtype, shape = self._ndarray_args(i, desc["arguments"])
             fields.append(
                 FieldInfo(name, type_id, TYPE_NAMES[type_id], METADATA_TYPES[type_id], arguments, dtype, shape)
@@ -238,8 +235,9 @@ class BetonFile:
         if unregistered:
             names = ", ".join(f"'{n}'" for n in unregistered)
             raise UnregisteredCustomField(
-                f"{self.path}: field(s) {names} are custom fields (type id 255) whose metadata layout only their "
-                f"class knows; register it: BetonFile(path, custom_handlers={{'{unregistered[0]}': Class}}), "
+                f"{self.path}: field(s) {names} are custom fields (type id {CUSTOM_TYPE_ID}) whose metadata layout "
+                f"only their class knows; register it: "
+                f"BetonFile(path, custom_handlers={{'{unregistered[0]}': Class}}), "
                 f"ffcv's Reader(custom_handlers=...) / Loader(custom_fields=...), or "
                 f"`betonbuild inspect --custom {unregistered[0]}=module:Class`",
                 self._header_dict(),
@@ -361,11 +359,11 @@ class BetonFile:
     def expected_sizes(self, info: FieldInfo) -> np.ndarray | None:
         """The allocation size each sample's metadata implies, or None where only the table knows (JPEG)."""
         column = self.metadata[info.name]
-        if info.type_id in (3, 5):
+        if info.type_id in PAYLOAD_TYPE_IDS:
             return column["size"]
-        if info.type_id in (4, 6):
+        if info.type_id in ARRAY_TYPE_IDS:
             return np.full(len(column), info.payload_bytes, dtype=np.uint64)
-        if info.type_id == 2:
+        if info.type_id == RGB_IMAGE_TYPE_ID:
             raw = column["mode"] == IMAGE_MODE_RAW
             if raw.all():
                 return column["width"].astype(np.uint64) * column["height"].astype(np.uint64) * np.uint64(3)
@@ -386,7 +384,7 @@ class BetonFile:
         return sorted_sample[order], sorted_ptr[order], sorted_size[order], order
 
     def _size_or_none(self, info: FieldInfo) -> np.ndarray | None:
-        return None if info.type_id == 2 else self.expected_sizes(info)
+        return None if info.type_id == RGB_IMAGE_TYPE_ID else self.expected_sizes(info)
 
     def custom_allocations(self, row: int) -> list[tuple[int, int]]:
         """(ptr, size) of sample ``row``'s allocations that no built-in field points at, in pointer order.
@@ -462,9 +460,9 @@ class BetonFile:
         """One sample's payload of a bytes/json field, or of an image (JPEG length from the alloc table)."""
         info = self.field(name)
         record = self.metadata[name][row]
-        if info.type_id in (3, 5):
+        if info.type_id in PAYLOAD_TYPE_IDS:
             return self.read(int(record["ptr"]), int(record["size"]))
-        if info.type_id == 2:
+        if info.type_id == RGB_IMAGE_TYPE_ID:
             ptr, mode = int(record["data_ptr"]), int(record["mode"])
             if mode == IMAGE_MODE_RAW:
                 return self.read(ptr, int(record["width"]) * int(record["height"]) * 3)

@@ -40,7 +40,7 @@ class by field name::
         betonbuild_pointer_columns = ("ptr",)   # names in metadata_type; "" = the whole column
         ...                                      # () = this field stores no file offsets
 
-    merge_betons(parts, target, custom_classes={"boxes": BoxesField})
+    merge_betons(parts, target, custom_handlers={"boxes": BoxesField})
 
 The metadata dtype is taken from ``Class.from_binary(arguments).metadata_type``, as ffcv's Reader
 does. Every declared column must be an 8-byte integer, and every value in it is treated as an
@@ -115,13 +115,13 @@ class _Part:
 def merge_betons(
     parts: Sequence[str | os.PathLike],
     target: str | os.PathLike,
-    custom_classes: Mapping[str, type] | None = None,
+    custom_handlers: Mapping[str, type] | None = None,
     method: str = "auto",
 ) -> dict[str, Any]:
     """Merges ``parts`` (in this order) into one .beton at ``target``; returns a record of the merge.
 
     Sample i of part k becomes sample ``sum(num_samples of parts before k) + i``. ``target`` appears
-    only when the merge succeeded (temp file + rename). ``custom_classes`` maps the name of each
+    only when the merge succeeded (temp file + rename). ``custom_handlers`` maps the name of each
     custom (type 255) field to its Field class, which must declare ``betonbuild_pointer_columns``.
     ``method``: "auto" (copy_file_range; the buffered loop from where the kernel refuses it),
     "copy_file_range" (no fallback) or "buffered".
@@ -135,7 +135,7 @@ def merge_betons(
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
     if not parts:
         raise MergeError("nothing to merge: no part files were given")
-    custom_classes = dict(custom_classes or {})
+    custom_handlers = dict(custom_handlers or {})
     paths = [str(p) for p in parts]
     target = Path(target)
     for i, path in enumerate(paths):
@@ -146,7 +146,7 @@ def merge_betons(
     first = headed[0]
     for part in headed:
         _check_against_first(part, first)
-    columns = _columns(first, custom_classes)
+    columns = _columns(first, custom_handlers)
     record_type = np.dtype([(f"f{i}", c.dtype) for i, c in enumerate(columns)], align=True)
     for part in headed:
         _read_tables(part, record_type, columns)
@@ -350,25 +350,25 @@ def _type_name(desc) -> str:
     return f"{TYPE_NAMES.get(type_id, 'unknown')} ({type_id})"
 
 
-def _columns(first: _Part, custom_classes: Mapping[str, type]) -> list[_Column]:
+def _columns(first: _Part, custom_handlers: Mapping[str, type]) -> list[_Column]:
     columns = []
     for j, desc in enumerate(np.frombuffer(first.descriptors, dtype=FIELD_DESC_TYPE)):
         name, type_id = _field_name(desc), int(desc["type_id"])
         if type_id in METADATA_TYPES:
             columns.append(_Column(name, type_id, METADATA_TYPES[type_id], BUILTIN_POINTER_COLUMNS[type_id]))
         elif type_id == CUSTOM_TYPE_ID:
-            columns.append(_custom_column(first, j, name, desc, custom_classes))
+            columns.append(_custom_column(first, j, name, desc, custom_handlers))
         else:
             raise MergeError(f"{first.label}: field {j} {name!r} has unknown type id {type_id}")
     return columns
 
 
-def _custom_column(first: _Part, j: int, name: str, desc, custom_classes: Mapping[str, type]) -> _Column:
-    where = f"custom field {j} {name!r} (type id 255)"
-    cls = custom_classes.get(name)
+def _custom_column(first: _Part, j: int, name: str, desc, custom_handlers: Mapping[str, type]) -> _Column:
+    where = f"custom field {j} {name!r} (type id {CUSTOM_TYPE_ID})"
+    cls = custom_handlers.get(name)
     if cls is None:
         raise MergeError(
-            f"{first.label}: {where}: pass its Field class as custom_classes={{{name!r}: YourField}}; "
+            f"{first.label}: {where}: pass its Field class as custom_handlers={{{name!r}: YourField}}; "
             "the merge must know its metadata layout and which columns are file offsets"
         )
     declared = getattr(cls, POINTER_COLUMNS_ATTRIBUTE, None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from betonbuild.beton.format import FieldInfo
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import BetonFormatError
 from betonbuild.fields import bytes as bytes_kind
@@ -35,6 +36,16 @@ def kind_of_type_id(type_id: int, where: str) -> FieldKind:
         return _BY_TYPE_ID[type_id]
     except KeyError:
         raise BetonFormatError(f"{where} has type id {type_id}") from None
+
+
+def stored_kind(info: FieldInfo, path: str = "") -> FieldKind:
+    """The kind of a field of a .beton (its descriptor's type id); ``path`` names the file in the error."""
+    return kind_of_type_id(info.type_id, f"{path}: field '{info.name}'" if path else f"field '{info.name}'")
+
+
+def describe_arguments(info: FieldInfo) -> dict:
+    """A .beton field's descriptor arguments, decoded where its kind defines them."""
+    return stored_kind(info).describe_arguments(info)
 
 
 def build_field(field: FieldSpec):

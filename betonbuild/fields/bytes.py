@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild.beton.format import BetonFile
+from betonbuild.beton.format import BetonFile, FieldInfo
 from betonbuild.config.spec import FieldSpec
 from betonbuild.fields.kind import Fail, StoredSample, describe
 from betonbuild.fields.payload import PayloadKind
@@ -55,6 +55,11 @@ class BytesKind(PayloadKind):
 
     def report_stats(self, field: FieldSpec, column: int, stats: dict, tolerance: float) -> None:
         stats["loader_lengths"] = LOADER_NOTE.format(column=f"f{column}")
+
+    def summarise(self, beton: BetonFile, info: FieldInfo, position: int) -> str:
+        """The length and the first 16 bytes in hex."""
+        payload = bytes(beton.variable_payload(info.name, position))
+        return f"{len(payload)} bytes: {payload[:16].hex(' ')}{' ...' if len(payload) > 16 else ''}"
 
     def loader_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
         payload = np.asarray(beton.variable_payload(field.name, position))

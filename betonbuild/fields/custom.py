@@ -28,7 +28,7 @@ import numpy as np
 from betonbuild.beton.format import BetonFile, FieldInfo
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import ConfigError
-from betonbuild.fields.kind import OWN_DECODER, Fail, FieldKind, StoredSample
+from betonbuild.fields.kind import OWN_DECODER, Fail, FieldKind, StoredSample, clipped
 
 CLASS_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
 FIELD_METHODS = ("metadata_type", "from_binary", "to_binary", "encode", "get_decoder_class")
@@ -169,6 +169,7 @@ class CustomKind(FieldKind):
     name = "custom"
     verify_check = "custom_fields"
     custom_allocations = True
+    class_decodes_arguments = True
 
     def normalise(self, where: str, options: dict[str, Any]) -> dict[str, Any]:
         validate(where, options)  # the class must resolve and accept its args: a config error otherwise
@@ -224,6 +225,31 @@ class CustomKind(FieldKind):
         instance = build(field)
         payloads = [np.asarray(beton.read(p, s)) for p, s in beton.custom_allocations(position)]
         return values_equal(instance.from_loader(item), instance.decode(beton.metadata[field.name][position], payloads))
+
+    def describe_arguments(self, info: FieldInfo) -> dict[str, Any]:
+        """The handler's class and metadata type, and the argument bytes (only the class reads them)."""
+        stripped = info.arguments.rstrip(b"\0")
+        handler = info.handler
+        described = {"class": f"{type(handler).__module__}.{type(handler).__qualname__}"} if handler else {}
+        return {
+            **described,
+            "metadata_type": str(info.metadata_type),
+            "arguments_hex": stripped[:64].hex(),
+            "arguments_bytes_used": len(stripped),
+        }
+
+    def summarise(self, beton: BetonFile, info: FieldInfo, position: int) -> Any:
+        """The class's ``decode`` of the value (its repr, clipped), else the raw record."""
+        handler = info.handler
+        if handler is None or not hasattr(handler, "decode"):
+            return super().summarise(beton, info, position)
+        record = beton.metadata[info.name][position]
+        payloads = [np.asarray(beton.read(p, s)) for p, s in beton.custom_allocations(position)]
+        try:
+            value = handler.decode(record, payloads)
+        except Exception as exc:  # noqa: BLE001 - the class's own decode of hostile bytes
+            return f"unreadable: {type(handler).__name__}.decode raised {type(exc).__name__}: {exc}"
+        return clipped(repr(value), 80)
 
     def digest_column(self, beton: BetonFile, info: FieldInfo, positions: np.ndarray, meta: np.ndarray):
         """``<u8`` record length, then the record with the sample's allocation pointers normalised."""

@@ -67,6 +67,26 @@ class ArrayKind(FixedKind):
     def fixed_bytes(self, field: FieldSpec) -> int:
         return np.dtype(field.options["dtype"]).itemsize * math.prod(field.options["shape"])
 
+    def describe_arguments(self, info: FieldInfo) -> dict[str, Any]:
+        return {"dtype": info.dtype.str, "shape": list(info.shape)}
+
+    def data_bytes(self, beton: BetonFile, info: FieldInfo) -> int:
+        return info.payload_bytes * beton.num_samples
+
+    def summarise(self, beton: BetonFile, info: FieldInfo, position: int) -> str:
+        """dtype and shape, and min, max and mean of a numeric array."""
+        array = beton.ndarray_column(info.name, np.array([position]))[0]
+        text = f"{array.dtype}{list(array.shape)}"
+        if array.dtype.kind in "biuf" and array.size:
+            with np.errstate(all="ignore"):
+                flat = array.astype(np.float64).reshape(-1)
+            text += (
+                f" min={np.nanmin(flat):.6g} max={np.nanmax(flat):.6g} mean={np.nanmean(flat):.6g}"
+                if not np.isnan(flat).all()
+                else " all NaN"
+            )
+        return text
+
     def descriptor_problem(self, field: FieldSpec, info: FieldInfo) -> str | None:
         want = (self.sample_dtype(field), tuple(field.options["shape"]))
         if (info.dtype, info.shape) != want:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from betonbuild.beton.format import BetonFile, FieldInfo
 from betonbuild.config.spec import FieldSpec
 from betonbuild.fields.fixed import ScalarKind
 from betonbuild.fields.kind import Fail, describe
@@ -36,6 +37,10 @@ class FloatKind(ScalarKind):
         from ffcv.fields.basics import FloatDecoder
 
         return [FloatDecoder()]
+
+    def summarise(self, beton: BetonFile, info: FieldInfo, position: int) -> float | str:
+        value = float(beton.metadata[info.name][position])
+        return value if np.isfinite(value) else str(value)  # JSON has no NaN or infinity
 
 
 KIND = FloatKind()

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from betonbuild.beton.format import BetonFile, FieldInfo
 from betonbuild.config.spec import FieldSpec
 from betonbuild.fields.fixed import ScalarKind
 from betonbuild.fields.kind import Fail, describe
@@ -37,6 +38,9 @@ class IntKind(ScalarKind):
         from ffcv.fields.basics import IntDecoder
 
         return [IntDecoder()]
+
+    def summarise(self, beton: BetonFile, info: FieldInfo, position: int) -> int:
+        return int(beton.metadata[info.name][position])
 
 
 KIND = IntKind()

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild.beton.format import BetonFile
+from betonbuild.beton.format import BetonFile, FieldInfo
 from betonbuild.beton.payloads import decode_json
 from betonbuild.config.spec import FieldSpec
-from betonbuild.fields.kind import Fail, StoredSample, describe
+from betonbuild.fields.kind import Fail, StoredSample, clipped, describe
 from betonbuild.fields.payload import PayloadKind
 
 
@@ -41,6 +41,10 @@ class JSONKind(PayloadKind):
     def compare(self, field: FieldSpec, stored: StoredSample, value: Any, stats: dict) -> str | None:
         found = decode_json(stored.beton.variable_payload(field.name, stored.position))
         return None if found == json.loads(json.dumps(value)) else f"stored {found!r} != source"
+
+    def summarise(self, beton: BetonFile, info: FieldInfo, position: int) -> str:
+        """The compact JSON text, clipped to 80 characters."""
+        return clipped(json.dumps(decode_json(beton.variable_payload(info.name, position)), separators=(",", ":")), 80)
 
     def loader_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
         from ffcv.fields.json import JSONField

@@ -35,10 +35,12 @@ def describe(value: Any) -> str:
         return f"torch tensor dtype={value.dtype} shape={tuple(value.shape)} device={value.device}"
     if type(value).__module__.startswith("PIL."):
         return f"PIL image mode={value.mode} size={value.size}"
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{type(value).__name__} {text}"
+    return f"{type(value).__name__} {clipped(repr(value), 60)}"
+
+
+def clipped(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, the last three "..." when it was longer."""
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 class StoredSample(Protocol):
@@ -65,6 +67,7 @@ class FieldKind:
     verify_check: str = "variable_fields"  # the report check that compares the field's values
     preview_roles: tuple[str, ...] = ()  # "image" (contact sheet), "caption", "histogram", "values" (plots)
     custom_allocations: bool = False  # its allocations are found through the allocation table, not a pointer
+    class_decodes_arguments: bool = False  # only the field's own class can read its descriptor's arguments
 
     # --- the file format ---------------------------------------------------------------------------
 
@@ -150,6 +153,30 @@ class FieldKind:
     def loader_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
         """Whether the Loader's item of the sample at ``position`` equals what the file holds."""
         raise NotImplementedError(self.name)
+
+    # --- inspect (``betonbuild.beton.describe``) ---------------------------------------------------
+
+    def describe_arguments(self, info: FieldInfo) -> dict[str, Any]:
+        """The descriptor's arguments, decoded where the kind defines them (``inspect``, the verify report)."""
+        return {}
+
+    def data_bytes(self, beton: BetonFile, info: FieldInfo) -> int:
+        """Bytes the field's values take in the data pages (custom allocations are counted apart)."""
+        return 0
+
+    def describe_stored(self, beton: BetonFile, info: FieldInfo) -> dict[str, Any]:
+        """Entries the kind adds to the field's description, after its byte counts."""
+        return {}
+
+    def arguments_text(self, entry: dict[str, Any]) -> str:
+        """The ``arguments`` column of ``betonbuild inspect``'s text, from the field's description entry."""
+        return ", ".join(f"{k}={v}" for k, v in entry["arguments"].items() if k != "note")
+
+    def summarise(self, beton: BetonFile, info: FieldInfo, position: int) -> Any:
+        """A short, JSON-able summary of the value stored at ``position``; BetonFormatError if unreadable.
+        By default its raw metadata record."""
+        raw = beton.record_bytes(info.name, position)
+        return f"record {raw[:16].hex(' ')}{' ...' if len(raw) > 16 else ''}"
 
     # --- content digest ------------------------------------------------------------------------------
 

@@ -17,6 +17,9 @@ class PayloadKind(FieldKind):
 
         return [BytesDecoder()]
 
+    def data_bytes(self, beton: BetonFile, info: FieldInfo) -> int:
+        return int(beton.metadata[info.name]["size"].sum(dtype=np.uint64))
+
     def digest_column(self, beton: BetonFile, info: FieldInfo, positions: np.ndarray, meta: np.ndarray):
         """``<u8`` length, then the payload."""
         ptrs, sizes = meta["ptr"], meta["size"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild.beton.format import BetonFile, FieldInfo
+from betonbuild.beton.format import IMAGE_MODE_JPEG, IMAGE_MODE_RAW, BetonFile, FieldInfo
 from betonbuild.beton.payloads import decode_image
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import BetonFormatError, ConfigError
@@ -14,6 +14,7 @@ from betonbuild.fields.kind import Fail, FieldKind, StoredSample, describe
 
 MAX_IMAGE_SIDE = 65535  # ffcv stores width and height as <u2
 LOADER_JPEG_MEAN_ERROR = 4.0  # two JPEG decoders of one file; a different image differs by ~50+
+MODE_NAMES = {IMAGE_MODE_JPEG: "jpeg", IMAGE_MODE_RAW: "raw"}
 _DIGEST_HEADER = np.dtype([("mode", "u1"), ("width", "<u2"), ("height", "<u2"), ("length", "<u8")])
 
 
@@ -118,6 +119,33 @@ class RGBImageKind(FieldKind):
         mine = decode_image(beton, field.name, position).astype(np.int16)
         return item.shape == mine.shape and np.abs(item.astype(np.int16) - mine).mean() < LOADER_JPEG_MEAN_ERROR
 
+    def describe_arguments(self, info: FieldInfo) -> dict[str, Any]:
+        return {"note": "ffcv stores no image arguments (write_mode, quality and max_resolution are not recorded)"}
+
+    def data_bytes(self, beton: BetonFile, info: FieldInfo) -> int:
+        sizes = beton.image_sizes(info.name, np.arange(beton.num_samples, dtype=np.int64))
+        return int(np.maximum(sizes, 0).sum())
+
+    def describe_stored(self, beton: BetonFile, info: FieldInfo) -> dict[str, Any]:
+        """How many images are stored as JPEG, raw, and (only if any) in an unknown mode."""
+        modes = beton.metadata[info.name]["mode"]
+        jpeg, raw = int((modes == IMAGE_MODE_JPEG).sum()), int((modes == IMAGE_MODE_RAW).sum())
+        unknown = len(modes) - jpeg - raw
+        return {"image_modes": {"jpeg": jpeg, "raw": raw, **({"unknown": unknown} if unknown else {})}}
+
+    def arguments_text(self, entry: dict[str, Any]) -> str:
+        """The image modes: ffcv records no image arguments."""
+        if "image_modes" not in entry:
+            return super().arguments_text(entry)
+        return ", ".join(f"{k} {v}" for k, v in entry["image_modes"].items())
+
+    def summarise(self, beton: BetonFile, info: FieldInfo, position: int) -> str:
+        """The mode, the size in pixels and the stored bytes."""
+        record = beton.metadata[info.name][position]
+        mode = int(record["mode"])
+        size = len(beton.variable_payload(info.name, position))
+        return f"{MODE_NAMES.get(mode, f'mode {mode}')} {int(record['width'])}x{int(record['height'])}, {size} bytes"
+
     def digest_column(self, beton: BetonFile, info: FieldInfo, positions: np.ndarray, meta: np.ndarray):
         """mode ``u1``, width ``<u2``, height ``<u2``, ``<u8`` length, then the payload."""
         sizes = beton.image_sizes(info.name, positions)
@@ -125,7 +153,7 @@ class RGBImageKind(FieldKind):
         if bad.any():
             position = int(positions[np.argmax(bad)])
             mode = int(meta["mode"][np.argmax(bad)])
-            why = "unknown image mode" if mode not in (0, 1) else "JPEG pointer not in the allocation table"
+            why = "unknown image mode" if mode not in MODE_NAMES else "JPEG pointer not in the allocation table"
             raise BetonFormatError(f"{beton.path}: sample {position} field '{info.name}': {why}")
         beton.check_payloads_inside(meta["data_ptr"], sizes.astype(np.uint64), f"field '{info.name}'")
         headers = np.zeros(len(positions), dtype=_DIGEST_HEADER)

@@ -5,14 +5,14 @@ from __future__ import annotations
 from betonbuild.beton.checks import structural_checks
 from betonbuild.beton.format import BetonFile
 from betonbuild.config.spec import DatasetSpec
-from betonbuild.fields import field_kind
+from betonbuild.fields import describe_arguments, field_kind
 
 
 def check_fields(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str, dict]:
     """The file's fields are the config's, in order, with the same type ids and descriptor arguments."""
     expected = [(f.name, field_kind(f).type_id) for f in spec.fields]
     found = [(f.name, f.type_id) for f in beton.fields]
-    arguments = {f.name: f.describe_arguments() for f in beton.fields if f.describe_arguments()}
+    arguments = {f.name: describe_arguments(f) for f in beton.fields if describe_arguments(f)}
     if found != expected:
         return False, f"file has {found}, config says {expected}", {"arguments": arguments}
     problems = [field_kind(field).descriptor_problem(field, info) for field, info in zip(spec.fields, beton.fields)]

@@ -210,7 +210,7 @@ def merge_parts(
     builds = {json.dumps(r["provenance"], sort_keys=True) for r in records}
     if len(builds) != 1:
         raise MergeError(f"dataset '{spec.name}': the parts were written by different ffcv builds: {sorted(builds)}")
-    merged = merge_betons(part_paths, beton_path, custom_classes=custom_handlers(spec))
+    merged = merge_betons(part_paths, beton_path, custom_handlers=custom_handlers(spec))
     order = resolve_indices(spec.writer, manifest["length"], spec.name)
     record = {
         "dataset": spec.name,

@@ -24,9 +24,19 @@ from conftest import ListDataset
 
 from betonbuild.beton.format import (
     ALLOC_TABLE_TYPE,
+    ARRAY_TYPE_IDS,
     BUILTIN_POINTER_COLUMNS,
+    BYTES_TYPE_ID,
+    CUSTOM_TYPE_ID,
+    FLOAT_TYPE_ID,
+    INT_TYPE_ID,
+    JSON_TYPE_ID,
     METADATA_TYPES,
+    NDARRAY_TYPE_ID,
+    PAYLOAD_TYPE_IDS,
     POINTER_TYPES,
+    RGB_IMAGE_TYPE_ID,
+    TORCH_TENSOR_TYPE_ID,
     TYPE_NAMES,
     WHOLE_COLUMN,
     BetonFile,
@@ -132,6 +142,24 @@ def test_fixed_size_field_has_no_variable_payload(beton: BetonFile):
 
 def test_page_aligned_rounds_up_to_the_next_page_boundary():
     assert [page_aligned(n, 4096) for n in (0, 1, 4095, 4096, 4097)] == [0, 4096, 4096, 4096, 8192]
+
+
+def test_the_named_type_ids_are_ffcvs_own_table():
+    from ffcv.types import TYPE_ID_HANDLER
+
+    named = {
+        FLOAT_TYPE_ID: "FloatField",
+        INT_TYPE_ID: "IntField",
+        RGB_IMAGE_TYPE_ID: "RGBImageField",
+        BYTES_TYPE_ID: "BytesField",
+        NDARRAY_TYPE_ID: "NDArrayField",
+        JSON_TYPE_ID: "JSONField",
+        TORCH_TENSOR_TYPE_ID: "TorchTensorField",
+    }
+    assert {t: h.__name__ for t, h in TYPE_ID_HANDLER.items() if h is not None} == named
+    assert TYPE_ID_HANDLER[CUSTOM_TYPE_ID] is None and CUSTOM_TYPE_ID == 255  # ffcv's slot for any other class
+    assert (ARRAY_TYPE_IDS, PAYLOAD_TYPE_IDS) == ((4, 6), (3, 5))
+    assert set(TYPE_NAMES) == {*named, CUSTOM_TYPE_ID}
 
 
 def test_pointer_columns_name_a_member_of_each_built_in_metadata_type():

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from betonbuild.beton.checks import structural_checks
 from betonbuild.beton.describe import describe
-from betonbuild.beton.format import ALLOC_TABLE_TYPE, BetonFile
+from betonbuild.beton.format import ALLOC_TABLE_TYPE, CUSTOM_TYPE_ID, RGB_IMAGE_TYPE_ID, BetonFile
 from betonbuild.beton.payloads import decode_image
 from betonbuild.custom import FixedUTF8Field
 from betonbuild.errors import BetonFormatError
@@ -125,9 +125,9 @@ def exercise(path: Path) -> None:
     for info in beton.fields:
         for row in range(min(beton.num_samples, 10)):
             try:
-                if info.type_id == 2:
+                if info.type_id == RGB_IMAGE_TYPE_ID:
                     decode_image(beton, info.name, row)  # the summaries above read but do not decode images
-                elif info.type_id == 255:
+                elif info.type_id == CUSTOM_TYPE_ID:
                     beton.custom_allocations(row)
             except BetonFormatError:
                 pass  # one bad sample: the others are still tried

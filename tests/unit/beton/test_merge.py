@@ -391,7 +391,7 @@ def test_custom_fields_with_declared_pointers(tmp_path):
     assert type_ids == [1, 255, 255]
     classes = {"blob": DeclaredBytes, "vec": DeclaredArray}
     target = tmp_path / "m.beton"
-    merge_betons(parts, target, custom_classes=classes)
+    merge_betons(parts, target, custom_handlers=classes)
     reader = Reader(str(target), custom_handlers=classes)
     mm = np.memmap(target, dtype=np.uint8, mode="r")
     blob, vec = reader.metadata["f1"], reader.metadata["f2"]
@@ -499,12 +499,12 @@ def test_refuses_custom_field_without_declared_pointers(tmp_path):
         tmp_path / "p.beton", [(0, np.arange(9, dtype=np.uint8))], {"idx": IntField(), "blob": UndeclaredBytes()}
     )
     message = refused(
-        [part, part], tmp_path / "m.beton", "betonbuild_pointer_columns", custom_classes={"blob": UndeclaredBytes}
+        [part, part], tmp_path / "m.beton", "betonbuild_pointer_columns", custom_handlers={"blob": UndeclaredBytes}
     )
     assert "'blob'" in message and "UndeclaredBytes" in message
-    refused([part], tmp_path / "m.beton", r"custom_classes=\{'blob': YourField\}")
+    refused([part], tmp_path / "m.beton", r"custom_handlers=\{'blob': YourField\}")
     # The same bytes merge once the class declares its pointer column.
-    record = merge_betons([part, part], tmp_path / "m.beton", custom_classes={"blob": DeclaredBytes})
+    record = merge_betons([part, part], tmp_path / "m.beton", custom_handlers={"blob": DeclaredBytes})
     assert record["num_samples"] == 2
 
 
@@ -516,8 +516,8 @@ def test_refuses_bad_pointer_declarations(tmp_path):
         betonbuild_pointer_columns = "ptr"
 
     part = write(tmp_path / "p.beton", [(np.arange(9, dtype=np.uint8),)], {"blob": UndeclaredBytes()})
-    refused([part], tmp_path / "m.beton", "'offset' is not in its metadata_type", custom_classes={"blob": WrongName})
-    refused([part], tmp_path / "m.beton", "must be a tuple", custom_classes={"blob": WrongType})
+    refused([part], tmp_path / "m.beton", "'offset' is not in its metadata_type", custom_handlers={"blob": WrongName})
+    refused([part], tmp_path / "m.beton", "must be a tuple", custom_handlers={"blob": WrongType})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,11 +8,19 @@ import sys
 import numpy as np
 import pytest
 
-from betonbuild.beton.format import METADATA_TYPES, TYPE_NAMES
+from betonbuild.beton.format import METADATA_TYPES, TYPE_NAMES, FieldInfo
 from betonbuild.config.load import load_config, schema
 from betonbuild.errors import BetonFormatError
-from betonbuild.fields import FIELD_KINDS, field_kind, kind_of_type_id, metadata_type, sample_dtype
-from betonbuild.fields.kind import OWN_DECODER, FieldKind
+from betonbuild.fields import (
+    FIELD_KINDS,
+    describe_arguments,
+    field_kind,
+    kind_of_type_id,
+    metadata_type,
+    sample_dtype,
+    stored_kind,
+)
+from betonbuild.fields.kind import OWN_DECODER, FieldKind, clipped
 
 PAGE = 1 << 22
 FIELDS = {
@@ -49,6 +57,54 @@ def test_a_type_id_names_its_kind_and_an_unknown_one_is_a_format_error():
     assert kind_of_type_id(2, "here") is FIELD_KINDS["rgb_image"]
     with pytest.raises(BetonFormatError, match="f.beton: field 'x' has type id 7"):
         kind_of_type_id(7, "f.beton: field 'x'")
+
+
+def info(type_id: int, **more) -> FieldInfo:
+    """A parsed descriptor of field 'x' (what BetonFile.fields holds)."""
+    return FieldInfo(
+        "x", type_id, TYPE_NAMES.get(type_id, "?"), METADATA_TYPES.get(type_id, np.dtype("V0")), b"", **more
+    )
+
+
+def test_the_kind_of_a_stored_field_and_an_unknown_type_id_naming_the_file_and_field():
+    assert stored_kind(info(4), "f.beton") is FIELD_KINDS["ndarray"]
+    with pytest.raises(BetonFormatError, match=r"^f\.beton: field 'x' has type id 7$"):
+        stored_kind(info(7), "f.beton")
+    with pytest.raises(BetonFormatError, match=r"^field 'x' has type id 7$"):
+        describe_arguments(info(7))
+
+
+def test_descriptor_arguments_are_described_by_the_kind_and_only_a_custom_class_reads_its_own():
+    assert describe_arguments(info(4, dtype=np.dtype("<f4"), shape=(2, 3))) == {"dtype": "<f4", "shape": [2, 3]}
+    assert describe_arguments(info(6, dtype=np.dtype("<i2"), shape=(5,))) == {"dtype": "<i2", "shape": [5]}
+    assert set(describe_arguments(info(2))) == {"note"}
+    assert [describe_arguments(info(t)) for t in (0, 1, 3, 5)] == [{}, {}, {}, {}]
+    unregistered = FieldInfo("x", 255, "custom", np.dtype("V0"), b"\x05" + bytes(1023))
+    assert describe_arguments(unregistered) == {
+        "metadata_type": "|V0",
+        "arguments_hex": "05",
+        "arguments_bytes_used": 1,
+    }  # no class without a handler
+    assert [name for name, kind in FIELD_KINDS.items() if kind.class_decodes_arguments] == ["custom"]
+
+
+def test_the_inspect_text_of_an_image_field_is_its_modes_and_of_others_their_arguments():
+    image = {"arguments": {"note": "n"}, "image_modes": {"jpeg": 2, "raw": 1}}
+    assert FIELD_KINDS["rgb_image"].arguments_text(image) == "jpeg 2, raw 1"
+    assert FIELD_KINDS["rgb_image"].arguments_text({"arguments": {"note": "n"}}) == ""
+    assert (
+        FIELD_KINDS["ndarray"].arguments_text({"arguments": {"dtype": "<f4", "shape": [2]}}) == "dtype=<f4, shape=[2]"
+    )
+
+
+def test_a_kind_without_its_own_summary_shows_the_raw_record():
+    class Stored:
+        def record_bytes(self, name, position):
+            return bytes(range(position, position + 20))
+
+    assert FieldKind().summarise(Stored(), info(1), 0) == "record 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f ..."
+    assert FieldKind().summarise(Stored(), info(1), 3)[:12] == "record 03 04"
+    assert clipped("x" * 80, 80) == "x" * 80 and clipped("x" * 81, 80) == "x" * 77 + "..."
 
 
 def test_the_fixed_size_kinds_are_the_scalars_and_the_arrays(fields):
