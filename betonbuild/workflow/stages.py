@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from betonbuild.atomic import write_json
+from betonbuild.beton.merge import merge_betons
 from betonbuild.config.spec import DatasetSpec, resolve_indices, smoke_positions
 from betonbuild.errors import MergeError, SampleError, SourceError, VerificationError
 from betonbuild.fields.custom import custom_handlers
@@ -186,8 +187,6 @@ def merge_parts(
     Every part must have been written for the partition the manifest now plans (same rows, same
     source fingerprint) by the same ffcv build: a stale or foreign part is an error, never merged.
     """
-    from betonbuild.beton.merge import merge_betons
-
     with open(manifest_path) as fh:
         manifest = json.load(fh)
     planned = manifest["partitions"]

@@ -22,6 +22,8 @@ from betonbuild.config.load import spec_from_dict
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import SampleError
 from betonbuild.fields import build_fields
+from betonbuild.sources import open_source
+from betonbuild.write.writer import CheckedDataset, measure_allocations, page_fit_error
 
 FAILURE_FILE = "failure.json"
 SAMPLE_FILE = "sample.pkl"
@@ -105,8 +107,6 @@ def replay(directory: str | os.PathLike) -> tuple[tuple, dict[str, int]]:
 
     Returns the checked values and their allocation sizes when the sample now passes.
     """
-    from betonbuild.write.writer import CheckedDataset, measure_allocations, page_fit_error
-
     directory = Path(directory)
     with open(directory / FAILURE_FILE) as fh:
         record = json.load(fh)
@@ -117,8 +117,6 @@ def replay(directory: str | os.PathLike) -> tuple[tuple, dict[str, int]]:
             sample = pickle.load(fh)
         source = {index: sample}
     else:
-        from betonbuild.sources import open_source
-
         os.chdir(record["working_directory"])
         source = open_source(spec, record.get("dataset_dir"))
     values = CheckedDataset(spec, source)[index]
