@@ -91,7 +91,11 @@ def _worker_job(
 
 
 def safe_writer_class():
-    """ffcv's DatasetWriter whose parent loop watches for worker failures instead of spinning forever."""
+    """ffcv's DatasetWriter whose parent loop watches for worker failures instead of spinning forever.
+
+    A function (long only because it holds the class, whose methods are each short), so that ffcv,
+    and with it torch, is imported when a write starts, not when betonbuild is.
+    """
     from ffcv.memory_allocator import MemoryAllocator
     from ffcv.writer import DatasetWriter
 
