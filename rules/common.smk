@@ -108,14 +108,17 @@ def source_inputs(wildcards):
     A webdataset source is read through its shard list (whose inputs are the shards)."""
     spec = DATASETS[wildcards.ds]
     shards = (
-        [result("shards.json").format(ds=wildcards.ds)] if needs_shard_list(spec) else []
+        [result("shards.json").format(ds=wildcards.ds)]
+        if needs_shard_list(spec)
+        else []
     )
     return shards + input_files(spec)
 
 
 def shard_files(wildcards):
     """The local .tar shards of a webdataset source (brace patterns and globs expanded); none
-    without the webdataset package: the shard_list job itself then fails with the clear message."""
+    without the webdataset package: the shard_list job itself then fails with the clear message.
+    """
     return source_shard_files(DATASETS[wildcards.ds])
 
 
