@@ -10,7 +10,7 @@ rule smoke:
     output:
         beton=result("smoke.beton"),
         record=result("smoke.write.json"),
-        inspect=result("inspect.json"),
+        survey=result("inspect.json"),
     log:
         log_path("smoke"),
     benchmark:

@@ -13,7 +13,7 @@ run(
         snakemake.output.beton,
         snakemake.output.record,
         threads=snakemake.threads,
-        inspect_path=snakemake.output.get("inspect"),
+        survey_path=snakemake.output.get("survey"),
         **stage_args(snakemake),
     ),
 )

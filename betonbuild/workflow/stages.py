@@ -33,7 +33,7 @@ from betonbuild.workflow.partitions import (
     whole_order,
 )
 from betonbuild.write.failure import clear_failure, save_failure
-from betonbuild.write.preflight import inspect_samples, largest_rows
+from betonbuild.write.preflight import largest_rows, survey_samples
 from betonbuild.write.writer import resolve_workers, write_beton
 
 
@@ -126,14 +126,14 @@ def build(
     record_path: str,
     threads: int | None = None,
     smoke: bool = False,
-    inspect_path: str | None = None,
+    survey_path: str | None = None,
     part: int | None = None,
     log=sys.stderr,
 ) -> dict[str, Any]:
     """Writes the smoke or full .beton, or one part of a partitioned one, and a record of the write
     (its rows and the ffcv build).
 
-    The smoke stage first inspects its samples and the largest ones (``inspect_path``). A bad
+    The smoke stage first surveys its samples and the largest ones (``survey_path``, inspect.json). A bad
     sample is saved under ``results/{ds}/failure/`` for ``betonbuild repro``.
     """
     started = time.time()
@@ -143,9 +143,9 @@ def build(
     failure_dir = Path(beton_path).parents[0 if part is None else 1] / "failure"
     stage = "smoke" if smoke else "full" if part is None else f"part {part}"
     try:
-        if inspect_path:
+        if survey_path:
             order = rows_to_write(spec, source, manifest_path, smoke=False)
-            write_json(inspect_path, inspect_samples(spec, source, np.concatenate(smoke_rows(spec, source, order))))
+            write_json(survey_path, survey_samples(spec, source, np.concatenate(smoke_rows(spec, source, order))))
         # The smoke file and the parts are written by one worker: byte-identical across runs
         # (a part's parallelism is the other parts' jobs), and the smoke file fails fastest.
         workers = 1 if smoke or part is not None else resolve_workers(spec.writer.num_workers, threads)

@@ -1,4 +1,7 @@
-"""Pre-flight inspection: what the samples look like, before the full build starts.
+"""The pre-flight survey: what the samples look like, before the full build starts.
+
+Written to ``results/{ds}/inspect.json`` (a file name users already read; "inspect" in the code is
+the ``betonbuild inspect`` command, which describes a .beton).
 
 Runs in one process over the smoke samples plus the largest samples that can be found cheaply
 (image folders: by file size; array sources: every row has the same size). Every sample goes
@@ -32,7 +35,7 @@ def largest_rows(source, order: np.ndarray, k: int = LARGEST_SAMPLES) -> np.ndar
     return order[np.sort(top)]
 
 
-def inspect_samples(spec: DatasetSpec, source, rows: np.ndarray) -> dict[str, Any]:
+def survey_samples(spec: DatasetSpec, source, rows: np.ndarray) -> dict[str, Any]:
     """Checks and measures every given sample; raises the first SampleError (smallest index first)."""
     fields = build_fields(spec)
     checked = CheckedDataset(spec, source)

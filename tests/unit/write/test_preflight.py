@@ -59,7 +59,7 @@ def smoke_build(spec, tmp_path: Path) -> Path:
         str(tmp_path / "results" / "smoke.beton"),
         str(tmp_path / "results" / "smoke.write.json"),
         smoke=True,
-        inspect_path=str(inspect),
+        survey_path=str(inspect),
     )
     return inspect
 
