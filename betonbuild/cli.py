@@ -166,6 +166,13 @@ def _status(args) -> int:
     return code
 
 
+def _schema(args) -> int:
+    from betonbuild.config.load import schema  # why local: see _dataset
+
+    print(json.dumps(schema(), indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="betonbuild", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -216,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configfile", help="default: DIRECTORY/config/config.yaml")
     p.add_argument("snakemake_args", nargs=argparse.REMAINDER, help="more snakemake arguments, after --")
     p.set_defaults(func=_status)
+    p = sub.add_parser(
+        "schema",
+        help="print the whole config schema (JSON Schema), every source and field kind's own keys included",
+    )
+    p.set_defaults(func=_schema)
     args = parser.parse_args(argv)
     if getattr(args, "snakemake_args", None) and args.snakemake_args[0] == "--":
         args.snakemake_args = args.snakemake_args[1:]

@@ -7,6 +7,7 @@ here, and every error names the dataset and the key (``datasets.photos.fields: .
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from betonbuild.config.spec import (
     WriterSpec,
 )
 from betonbuild.errors import ConfigError
-from betonbuild.fields import field_kind
+from betonbuild.fields import FIELD_KINDS, field_kind
 from betonbuild.sources import SOURCE_KINDS
 
 SCHEMA_PATH = Path(__file__).parent / "schema" / "config.schema.yaml"
@@ -57,8 +58,26 @@ def load_config_file(path: str | Path) -> Config:
 
 
 def schema() -> dict[str, Any]:
+    """The whole config schema: config.schema.yaml (the dataset-level keys) with every source kind's
+    and field kind's own entry (``Source.config_schema``, ``FieldKind.options_schema``) added."""
+    return copy.deepcopy(_schema())
+
+
+@functools.cache
+def _schema() -> dict[str, Any]:
     with open(SCHEMA_PATH) as fh:
-        return yaml.safe_load(fh)
+        root = yaml.safe_load(fh)
+    for name, key, kinds in (
+        ("source", "kind", {kind: cls.config_schema for kind, cls in SOURCE_KINDS.items()}),
+        ("field", "type", {kind: k.options_schema for kind, k in FIELD_KINDS.items()}),
+    ):
+        definition = root["$defs"][name]
+        definition["properties"][key] = {"enum": list(kinds)}
+        definition["allOf"] = [
+            {"if": {"properties": {key: {"const": kind}}}, "then": copy.deepcopy(entry)}
+            for kind, entry in kinds.items()
+        ]
+    return root
 
 
 def parse_size(value: int | float | str, where: str) -> int:
@@ -101,8 +120,8 @@ def check_no_duplicate_keys(path: str | Path) -> None:
 
 
 def _validate_schema(config: dict[str, Any]) -> None:
-    validator_class = _with_defaults(jsonschema.validators.validator_for(schema()))
-    validator = validator_class(schema())
+    validator_class = _with_defaults(jsonschema.validators.validator_for(_schema()))
+    validator = validator_class(_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (list(e.absolute_path), e.message))
     if errors:
         error = jsonschema.exceptions.best_match(errors)

@@ -19,6 +19,18 @@ LOADER_NOTE = (
 
 class BytesKind(PayloadKind):
     name = "bytes"
+    # The field's entry in the config, as JSON Schema (config.load assembles the whole schema)
+    options_schema = {
+        "additionalProperties": False,
+        "properties": {
+            "type": {},
+            "allow_empty": {
+                "type": "boolean",
+                "default": False,
+                "description": "An empty value makes ffcv's Loader corrupt the sample's next field.",
+            },
+        },
+    }
 
     def build(self, field: FieldSpec):
         from ffcv.fields import BytesField

@@ -167,6 +167,20 @@ def normalise_pointers(record: bytes, allocations: list[tuple[int, int]]) -> byt
 
 class CustomKind(FieldKind):
     name = "custom"
+    # The field's entry in the config, as JSON Schema (config.load assembles the whole schema)
+    options_schema = {
+        "additionalProperties": False,
+        "required": ["class"],
+        "properties": {
+            "type": {},
+            "class": {
+                "type": "string",
+                "pattern": "^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+                "description": "pkg.module:Class implementing ffcv's Field interface (type id 255).",
+            },
+            "args": {"type": "object", "default": {}, "description": "Keyword arguments of the class's constructor."},
+        },
+    }
     verify_check = "custom_fields"
     custom_allocations = True
     class_decodes_arguments = True

@@ -54,6 +54,16 @@ class ScalarKind(FixedKind):
 class ArrayKind(FixedKind):
     """ndarray and torch_tensor: a fixed-shape array, its payload pointed at by the record."""
 
+    options_schema = {
+        "additionalProperties": False,
+        "required": ["dtype", "shape"],
+        "properties": {
+            "type": {},
+            "dtype": {"type": "string"},
+            "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        },
+    }
+
     preview_roles = ("values",)
 
     def normalise(self, where: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,18 @@ from betonbuild.fields.payload import PayloadKind
 
 class JSONKind(PayloadKind):
     name = "json"
+    # The field's entry in the config, as JSON Schema (config.load assembles the whole schema)
+    options_schema = {
+        "additionalProperties": False,
+        "properties": {
+            "type": {},
+            "json_numpy": {
+                "enum": ["reject", "convert"],
+                "default": "reject",
+                "description": "convert turns numpy scalars/arrays into Python numbers/lists.",
+            },
+        },
+    }
 
     def build(self, field: FieldSpec):
         from ffcv.fields import JSONField

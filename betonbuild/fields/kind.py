@@ -62,6 +62,9 @@ class StoredSample(Protocol):
 
 class FieldKind:
     name: str = ""  # the config's ``type``
+    # The field's entry in the config, as JSON Schema (``betonbuild.config.load.schema`` assembles the
+    # whole schema from the kinds'); the default: a kind without options
+    options_schema: dict[str, Any] = {"additionalProperties": False, "properties": {"type": {}}}
     fixed_size: bool = False  # one value of known size per sample: compared vectorised for every sample
     cost_per_sample_s: float = 0.0  # reading, checking and encoding one value, one core
     verify_check: str = "variable_fields"  # the report check that compares the field's values

@@ -29,6 +29,23 @@ def expected_image(field: FieldSpec, image: np.ndarray) -> np.ndarray:
 
 class RGBImageKind(FieldKind):
     name = "rgb_image"
+    # The field's entry in the config, as JSON Schema (config.load assembles the whole schema)
+    options_schema = {
+        "additionalProperties": False,
+        "properties": {
+            "type": {},
+            "write_mode": {"enum": ["raw", "jpg", "smart", "proportion"], "default": "raw"},
+            "max_resolution": {"type": ["integer", "null"], "minimum": 1, "default": None},
+            "smart_threshold": {"type": ["integer", "null"], "minimum": 1, "default": None},
+            "jpeg_quality": {"type": "integer", "minimum": 1, "maximum": 100, "default": 90},
+            "compress_probability": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.5},
+            "image_mode": {
+                "enum": ["strict", "convert"],
+                "default": "strict",
+                "description": "strict rejects non-RGB PIL images; convert applies PIL .convert('RGB').",
+            },
+        },
+    }
     cost_per_sample_s = 0.05
     preview_roles = ("image",)
 

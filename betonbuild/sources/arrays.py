@@ -20,6 +20,19 @@ HASH_BLOCK_BYTES = 64 << 20
 
 class ArraysSource(Source):
     kind = "arrays"
+    # The source's entry in the config, as JSON Schema (config.load assembles the whole schema)
+    config_schema = {
+        "additionalProperties": False,
+        "required": ["columns"],
+        "properties": {
+            "kind": {},
+            "path": {
+                "type": "string",
+                "description": "An .npz file; `columns` then names its keys. Without it, columns are .npy paths.",
+            },
+            "columns": {"type": "object", "minProperties": 1, "additionalProperties": {"type": "string"}},
+        },
+    }
     may_import_ffcv = False  # reading the source needs neither ffcv nor torch
     gives_fixed_columns = True
     fingerprint_from_parts = True

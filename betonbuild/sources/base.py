@@ -21,6 +21,9 @@ from betonbuild.sources.files import count_files, fingerprint_files
 
 class Source:
     kind: ClassVar[str]
+    # The source's entry in the config, as JSON Schema (``betonbuild.config.load.schema`` assembles the
+    # whole schema from the kinds')
+    config_schema: ClassVar[dict[str, Any]] = {"additionalProperties": False, "properties": {"kind": {}}}
     # Reading the source may import ffcv or torch (verification then keeps the Loader batch in-process)
     may_import_ffcv: ClassVar[bool] = False
     # Read through results/{ds}/shards.json, a listing derived from the source's files first

@@ -18,6 +18,20 @@ FIELD_TYPES = ["rgb_image", "int"]  # what a sample is: (image, label)
 
 class ImageFolderSource(Source):
     kind = "image_folder"
+    # The source's entry in the config, as JSON Schema (config.load assembles the whole schema)
+    config_schema = {
+        "additionalProperties": False,
+        "required": ["root"],
+        "properties": {
+            "kind": {},
+            "root": {"type": "string"},
+            "extensions": {
+                "type": "array",
+                "items": {"type": "string", "pattern": "^\\.[A-Za-z0-9]+$"},
+                "default": [".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".tif", ".tiff"],
+            },
+        },
+    }
     may_import_ffcv = False
     gives_fixed_columns = True  # the labels; the image is the one variable-size field
 

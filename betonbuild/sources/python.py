@@ -12,6 +12,20 @@ from betonbuild.sources.base import Source
 
 class PythonSource(Source):
     kind = "python"
+    # The source's entry in the config, as JSON Schema (config.load assembles the whole schema)
+    config_schema = {
+        "additionalProperties": False,
+        "required": ["factory"],
+        "properties": {
+            "kind": {},
+            "factory": {
+                "type": "string",
+                "pattern": "^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+                "description": "module:function, imported with the working directory on sys.path.",
+            },
+            "args": {"type": "object", "default": {}},
+        },
+    }
     # The user's code may import anything (ffcv, torch): verification then keeps the Loader batch in-process.
     may_import_ffcv = True
     files: list[str] = []  # the factory's module is an adapter file

@@ -44,6 +44,42 @@ class WebDatasetSource(Source):
     """Indexed view of the shards listed in ``shards.json`` (see the module docstring)."""
 
     kind = "webdataset"
+    # The source's entry in the config, as JSON Schema (config.load assembles the whole schema)
+    config_schema = {
+        "additionalProperties": False,
+        "required": ["shards"],
+        "properties": {
+            "kind": {},
+            "shards": {
+                "type": ["string", "array"],
+                "items": {"type": "string"},
+                "description": "Local .tar shards: a brace pattern (train-{0000..0015}.tar), a glob, or a list.",
+            },
+            "keys": {
+                "type": ["object", "null"],
+                "additionalProperties": {"type": "string"},
+                "default": None,
+                "description": (
+                    "field -> webdataset key(s), alternatives separated by ';' (jpg;png). Default: the field name."
+                ),
+            },
+            "decode": {
+                "type": "string",
+                "default": "rgb8",
+                "description": (
+                    "webdataset image decoder spec (rgb8, pil, l8...); cls, json, txt... decode by extension."
+                ),
+            },
+            "pipeline": {
+                "type": ["string", "null"],
+                "pattern": "^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+                "default": None,
+                "description": (
+                    "module:function(dataset) -> dataset of samples; replaces keys/decode. Must be deterministic."
+                ),
+            },
+        },
+    }
     may_import_ffcv = False  # it imports webdataset (and torch), not ffcv
     needs_shard_list = True
 

@@ -447,7 +447,7 @@ def test_the_whole_file_range_digest_comes_from_the_content_digest_leaves(tmp_pa
     assert sorted(hashed) == [(0, 1024), (1024, 2048), (2048, 2500)]
 
 
-def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_asjpeg_dimensions_fast(
+def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_as_jpeg_dimensions(
     tmp_path: Path, monkeypatch
 ):
     import io
