@@ -16,7 +16,8 @@ from betonbuild.config.load import SCHEMA_PATH, check_no_duplicate_keys, load_co
 for _configfile in workflow.configfiles:
     check_no_duplicate_keys(_configfile)
 CONFIG = load_config(config)
-validate(config, schema=str(SCHEMA_PATH))  # fills the schema's defaults into `config`
+# The dataset-level keys' defaults into `config`; CONFIG holds every kind's defaults too.
+validate(config, schema=str(SCHEMA_PATH))
 RESULTS = CONFIG.results
 DATASETS = CONFIG.datasets
 
