@@ -32,7 +32,12 @@ def reset_project(workdir: Path):
 
 def supports_partitions(tree: Path) -> bool:
     """Whether the measured betonbuild knows ``partitions:`` (issue 6), from its config schema."""
-    schema = yaml.safe_load((tree / "betonbuild" / "schema" / "config.schema.yaml").read_text())
+    # betonbuild/config/schema/ since the subpackage layout (issue 15), betonbuild/schema/ before it
+    paths = [
+        tree / "betonbuild" / "config" / "schema" / "config.schema.yaml",
+        tree / "betonbuild" / "schema" / "config.schema.yaml",
+    ]
+    schema = yaml.safe_load(next(p for p in paths if p.exists()).read_text())
     return "partitions" in schema["$defs"]["dataset"]["properties"]
 
 
