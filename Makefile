@@ -19,9 +19,9 @@ run: setup
 test: lint
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-## The quick loop: the unit tests only (no snakemake run), well under a minute.
+## The quick loop: the unit tests without the few slow ones (no snakemake run, no ffcv Loader), under a minute.
 test-quick: setup
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not workflow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist load -m "not workflow and not slow" $(PYTEST_ARGS)
 
 ## ruff (lint and format) on the library, scripts, tests and benchmarks; snakefmt and snakemake --lint on the workflow.
 lint: setup

@@ -256,6 +256,7 @@ def test_verify_without_a_write_record_says_where_it_looked(cli_project: Path, c
     assert "no write record for digits.beton (looked for digits.write.json and digits.beton.write.json)" in err
 
 
+@pytest.mark.slow  # a fresh process that imports ffcv and runs its Loader
 def test_verify_in_a_fresh_process_on_two_threads(tmp_path: Path):
     """A new interpreter imports ffcv during the report: its pool threads must not import it concurrently."""
     from conftest import make_photo_folder

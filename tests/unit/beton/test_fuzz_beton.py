@@ -183,6 +183,7 @@ def restore_file(fd: int, base: dict, restore) -> None:
             os.pwrite(fd, old, offset)
 
 
+@pytest.mark.slow  # 10,000 mutated files: about 19 s
 def test_fuzzed_files_raise_only_beton_format_errors_fast_and_within_memory(bases, tmp_path: Path):
     copies = []
     for i, base in enumerate(bases):

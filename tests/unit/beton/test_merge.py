@@ -273,6 +273,7 @@ LOADER_CASES = [
 ]
 
 
+@pytest.mark.slow  # ffcv's Loader (numba compilation) on 8 layouts: about 20 s
 @pytest.mark.parametrize(
     "page_size,os_cache,order",
     LOADER_CASES,

@@ -8,7 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from betonbuild.demo import colour_photos
+
+# Each test starts fresh Python processes that import ffcv (with and without the patch): about 24 s.
+pytestmark = pytest.mark.slow
 
 WRITE = """
 import sys, numpy as np
