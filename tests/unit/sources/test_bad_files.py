@@ -5,15 +5,13 @@ items 2-4): object arrays, truncated .npy files, an implausible __len__, decompr
 from __future__ import annotations
 
 import os
-import struct
 import sys
-import textwrap
 import warnings
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from bad_files import HUGE_ADAPTER, write_16_bit_png, write_bomb_png
 from PIL import Image
 
 from betonbuild.config.load import load_config
@@ -116,30 +114,6 @@ def test_a_truncated_npz_is_a_source_error(tmp_path: Path):
 
 # --- python ---------------------------------------------------------------------------------------
 
-HUGE_ADAPTER = textwrap.dedent(
-    """
-    class Huge:
-        def __len__(self):
-            return 10**12
-
-        def __getitem__(self, i):
-            return (float(i), i)
-
-
-    class Broken(Huge):
-        def __len__(self):
-            return 10**30
-
-
-    def huge():
-        return Huge()
-
-
-    def broken():
-        return Broken()
-    """
-)
-
 
 def python_spec(factory: str, **entry) -> DatasetSpec:
     fields = {"x": {"type": "float"}, "y": {"type": "int"}}
@@ -170,20 +144,6 @@ def test_a_len_python_cannot_represent_is_a_source_error(workdir: Path):
 
 
 # --- image folders: decompression bombs ----------------------------------------------------------
-
-
-def write_bomb_png(path: Path, side: int = 30000) -> None:
-    """A real 1-bit PNG of side x side black pixels (~110 KB for 30000), written row by row, so
-    that making it never holds the image in memory."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    packer = zlib.compressobj(9)
-    row = b"\0" * (1 + (side + 7) // 8)  # filter byte 0, then the row's bits
-    compressed = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
-    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)  # 1-bit greyscale
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", compressed) + chunk(b"IEND", b""))
 
 
 def folder_spec(root: Path, image: dict | None = None) -> DatasetSpec:
@@ -233,12 +193,6 @@ def test_a_bomb_warning_made_an_error_is_the_same_message_and_raising_the_limit_
 
 
 # --- image folders: 16-bit greyscale -------------------------------------------------------------
-
-
-def write_16_bit_png(path: Path) -> None:
-    """A 12-bit scan stored as a 16-bit greyscale PNG: PIL opens it as mode I;16, values up to 4095."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.arange(4096, dtype=np.uint16).reshape(64, 64)).save(path)
 
 
 @pytest.mark.parametrize("image_mode", ["strict", "convert"])
