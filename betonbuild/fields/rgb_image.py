@@ -249,7 +249,7 @@ def _as_rgb_array(field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
 
 def _refuse_high_depth(image, fail: Fail) -> None:
     """Refuses an image of more than 8 bits per channel (modes I;16*, I, F): PIL's .convert("RGB")
-    clips every value above 255 to 255 (a 12-bit scan keeps 17 of its 4,096 levels), silently."""
+    silently turns every value above 255 into 255, and verification would then pass against the clipped copy."""
     from PIL import ImageMode
 
     try:
@@ -265,9 +265,9 @@ def _refuse_high_depth(image, fail: Fail) -> None:
         f"PIL image{_file_of(image)} has mode {image.mode} ({bits} values, largest {largest}); "
         "PIL's .convert('RGB') would clip every value above 255, so betonbuild refuses it "
         "even with `image_mode: convert`",
-        "scale it to 8 bits yourself: read the images with a python source whose __getitem__ returns e.g. "
-        "np.asarray(image, dtype=np.float64) * 255 / 65535 (or / the image's own maximum) rounded to uint8 and "
-        "stacked to HxWx3, or save the files as 8-bit images",
+        "scale it to 8 bits yourself: read the images with a python source whose __getitem__ returns "
+        "np.asarray(image) scaled to 0..255 (e.g. * 255 / 65535 for 16-bit data, * 255 / 4095 for 12-bit), "
+        "rounded to uint8 and stacked to HxWx3; or save the files as 8-bit images",
     )
 
 
