@@ -139,3 +139,22 @@ def test_a_jpeg_error_of_8_002_against_8_0_prints_its_digits_and_the_key():
     KIND.report_stats(FIELD["strict"], 0, stats, 8.0)
     assert "`write_mode: raw`" in stats["fix"] and "`jpeg_quality` (now 90)" in stats["fix"]
     assert "jpeg_over_tolerance" not in stats
+    at_100 = (
+        load_config(
+            {
+                "datasets": {
+                    "d": {
+                        "source": {"kind": "python", "factory": "m:f"},
+                        "fields": {"i": {"type": "rgb_image", "jpeg_quality": 100}},
+                    }
+                }
+            }
+        )
+        .datasets["d"]
+        .fields[0]
+    )
+    stats = {}
+    KIND.compare(at_100, Stored(stored, 8.0), source, stats)
+    KIND.report_stats(at_100, 0, stats, 8.0)
+    assert "jpeg_quality" not in stats["fix"], "at quality 100 raising it is no fix"
+    assert stats["fix"].startswith("store the images losslessly with `write_mode: raw`")

@@ -32,8 +32,9 @@ ADAPTER = textwrap.dedent(
         return [(np.ascontiguousarray(PHOTO[3 * i :][:32, 2 * i :][:, :40]), i) for i in range(n)]
     """
 )
-# Mean absolute error of these crops: 2.2-2.7 at jpeg_quality 90, 1.2-1.4 at 100
-TOLERANCE = 1.8
+# Mean absolute error of these crops as the Loader decodes them: about 2-2.6 at jpeg_quality 90 to 100
+# (ffcv's colour subsampling and fast IDCT), more at quality 20
+QUALITY, TOLERANCE = 20, 3.5
 
 
 @pytest.fixture
@@ -61,14 +62,14 @@ def verified(project: Path, image: dict, tolerance: float = TOLERANCE) -> dict:
 
 
 def test_the_tolerance_failure_names_the_key_and_the_fixes_once(project: Path):
-    check = verified(project, {"write_mode": "jpg"})
+    check = verified(project, {"write_mode": "jpg", "jpeg_quality": QUALITY})
     assert not check["ok"]
     detail = check["detail"]
-    assert "field 'image' sample 0 (source index 0): JPEG mean absolute pixel error 2." in detail
-    assert "exceeds the tolerance 1.8 (`verify.jpeg_mean_abs_error`)" in detail
+    assert "field 'image' sample 0 (source index 0): JPEG mean absolute pixel error " in detail
+    assert f"exceeds the tolerance {TOLERANCE} (`verify.jpeg_mean_abs_error`)" in detail
     assert detail.count(". Fix: ") == 1
     assert detail.endswith(
-        ". Fix: raise the field's `jpeg_quality` (now 90), store the images losslessly with `write_mode: raw`, "
+        f". Fix: raise the field's `jpeg_quality` (now {QUALITY}), store the images losslessly with `write_mode: raw`, "
         "or raise `verify.jpeg_mean_abs_error` if that loss is acceptable"
     )
     assert "fix" not in check["fields"]["image"] and "jpeg_over_tolerance" not in check["fields"]["image"]
@@ -77,9 +78,9 @@ def test_the_tolerance_failure_names_the_key_and_the_fixes_once(project: Path):
 @pytest.mark.parametrize(
     ("image", "tolerance"),
     [
-        ({"write_mode": "jpg", "jpeg_quality": 100}, TOLERANCE),  # raise jpeg_quality
+        ({"write_mode": "jpg", "jpeg_quality": 95}, TOLERANCE),  # raise jpeg_quality
         ({"write_mode": "raw"}, TOLERANCE),  # store losslessly
-        ({"write_mode": "jpg"}, 8.0),  # raise verify.jpeg_mean_abs_error
+        ({"write_mode": "jpg", "jpeg_quality": QUALITY}, 12.0),  # raise verify.jpeg_mean_abs_error
     ],
 )
 def test_each_fix_followed_makes_the_report_pass(project: Path, image: dict, tolerance: float):
