@@ -27,10 +27,10 @@ def folder(root: str) -> dict:
 def run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     workdir = tmp_path_factory.mktemp("bad_files")
     make_photo_folder(workdir / "photos", per_class=2)
-    make_photo_folder(workdir / "scans", classes=("xray",), per_class=1)
-    write_16_bit_png(workdir / "scans/xray/1.png")
-    make_photo_folder(workdir / "bombs", classes=("big",), per_class=1)
-    write_bomb_png(workdir / "bombs/big/1.png")
+    make_photo_folder(workdir / "scans", classes=("astronaut",), per_class=1)
+    write_16_bit_png(workdir / "scans/astronaut/1.png")
+    make_photo_folder(workdir / "bombs", classes=("coffee",), per_class=1)
+    write_bomb_png(workdir / "bombs/coffee/1.png")
     np.savez(workdir / "objects.npz", image=np.zeros((3, 8, 8), np.uint8), label=np.array([1, "2", None], object))
     np.save(workdir / "image.npy", np.zeros((100, 8, 8), np.uint8))
     np.save(workdir / "label.npy", np.arange(100))
@@ -61,8 +61,8 @@ def run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 
 
 EXPECTED = {
-    "scans": "PIL image (file scans/xray/1.png) has mode I;16 (16-bit integer values, largest 4095)",
-    "bombs": "image file bombs/big/1.png is 900,000,000 pixels, above PIL's decompression-bomb limit",
+    "scans": "PIL image (file scans/astronaut/1.png) has mode I;16 (16-bit integer values, largest 4095)",
+    "bombs": "image file bombs/coffee/1.png is 900,000,000 pixels, above PIL's decompression-bomb limit",
     "objects": "array 'label' of objects.npz holds Python objects (dtype object)",
     "truncated": "image.npy is truncated: its header claims 100 rows of uint8 [8, 8] (6,528 bytes with the "
     "128-byte header) but the file holds 3,328 bytes (50 whole rows)",
