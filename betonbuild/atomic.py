@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from betonbuild.errors import WriteError
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
 
 def temp_path_for(target: str | os.PathLike) -> Path:
@@ -35,16 +40,37 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def disk_full_error(exc: OSError, path: str | os.PathLike | None = None, dataset: str | None = None) -> WriteError:
+    """The one message for a write that ran out of space (or hit a file-size or quota limit)."""
+    where = f"dataset '{dataset}': " if dataset else ""
+    what = f" {path}" if path is not None else ""
+    return WriteError(
+        f"{where}the disk is full (or a file-size limit was reached) while writing{what}: "
+        f"{exc.strerror or exc}; free space or point `results` at a larger disk, then run again"
+    )
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
-    """Yields a temp path beside ``target``; renames it onto ``target`` if the block succeeds."""
+    """Yields a temp path beside ``target``; renames it onto ``target`` if the block succeeds.
+
+    A full disk (ENOSPC, EFBIG, EDQUOT) inside the block is a WriteError naming ``target``."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise disk_full_error(exc, target) from exc
+        raise
     remove_stale_temp_files(target)
     tmp = temp_path_for(target)
     try:
         yield tmp
         os.replace(tmp, target)
+    except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise disk_full_error(exc, target) from exc
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -40,7 +40,7 @@ class JSONKind(PayloadKind):
             value = _numpy_to_python(value)
         problem = _json_problem(value, "value")
         if problem:
-            raise fail(problem, "return plain Python values (use .item()/.tolist()), or set `json_numpy: convert`")
+            raise fail(*problem)
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -64,16 +64,28 @@ class JSONKind(PayloadKind):
         return JSONField.unpack(item) == decode_json(beton.variable_payload(field.name, position))
 
 
-def _json_problem(value: Any, where: str) -> str | None:
-    """Finds what json.dumps would reject or silently change (numpy values, NaN, non-str keys)."""
+NUMPY_FIX = "return plain Python values (use .item()/.tolist()), or set `json_numpy: convert`"
+# `json_numpy: convert` keeps a NaN a NaN, so it is not offered for one
+NON_FINITE_FIX = (
+    "replace NaN and infinity with None (JSON null) or a string in your dataset, "
+    "or store such numbers in a float or ndarray field, which keeps NaN and infinity exactly"
+)
+KEY_FIX = "use str keys (e.g. str(key)) in your dataset"
+
+
+def _json_problem(value: Any, where: str) -> tuple[str, str] | None:
+    """(why, fix) of what json.dumps would reject or silently change (numpy values, NaN, non-str keys)."""
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return f"{where} is {value}, which JSON cannot represent", NON_FINITE_FIX
+    if isinstance(value, np.ndarray) and value.dtype.kind in "fc" and not np.isfinite(value).all():
+        return f"{where} is a {describe(value)} holding NaN or infinity, which JSON cannot represent", NON_FINITE_FIX
     if isinstance(value, (np.generic, np.ndarray)) and not isinstance(value, str):
-        return f"{where} is a {describe(value)}; JSON needs plain Python values"
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{where} is {value}, which JSON cannot represent"
+        return f"{where} is a {describe(value)}; JSON needs plain Python values", NUMPY_FIX
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                return f"{where} has key {key!r} of type {type(key).__name__}; JSON would turn it into a string"
+                why = f"{where} has key {key!r} of type {type(key).__name__}; JSON would turn it into a string"
+                return why, KEY_FIX
             problem = _json_problem(item, f"{where}[{key!r}]")
             if problem:
                 return problem

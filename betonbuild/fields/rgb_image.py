@@ -15,6 +15,10 @@ from betonbuild.fields.kind import Fail, FieldKind, StoredSample, describe
 MAX_IMAGE_SIDE = 65535  # ffcv stores width and height as <u2
 LOADER_JPEG_MEAN_ERROR = 4.0  # two JPEG decoders of one file; a different image differs by ~50+
 MODE_NAMES = {IMAGE_MODE_JPEG: "jpeg", IMAGE_MODE_RAW: "raw"}
+JPEG_TOLERANCE_FIX = (
+    "store the images losslessly with `write_mode: raw`, "
+    "or raise `verify.jpeg_mean_abs_error` if that loss is acceptable"
+)
 _DIGEST_HEADER = np.dtype([("mode", "u1"), ("width", "<u2"), ("height", "<u2"), ("length", "<u8")])
 
 
@@ -25,6 +29,16 @@ def expected_image(field: FieldSpec, image: np.ndarray) -> np.ndarray:
     from ffcv.fields.rgb_image import resizer
 
     return resizer(image, field.options["max_resolution"])
+
+
+def digits_above(value: float, limit: float) -> str:
+    """``value`` with the fewest decimals (at least 2) that still show it above ``limit``: 8.002
+    against 8.0 prints as 8.002, not as 8.00."""
+    for decimals in range(2, 16):
+        text = f"{value:.{decimals}f}"
+        if float(text) > limit:
+            return text
+    return repr(value)
 
 
 class RGBImageKind(FieldKind):
@@ -115,13 +129,23 @@ class RGBImageKind(FieldKind):
         stats["jpeg_mean_abs_error_max"] = max(stats.get("jpeg_mean_abs_error_max", 0.0), round(mean, 3))
         stats["jpeg_max_abs_error_max"] = max(stats.get("jpeg_max_abs_error_max", 0), worst)
         if mean > stored.tolerance:
-            return f"JPEG mean absolute pixel error {mean:.2f} exceeds the tolerance {stored.tolerance}"
+            stats["jpeg_over_tolerance"] = stats.get("jpeg_over_tolerance", 0) + 1  # the report adds the fix once
+            return (
+                f"JPEG mean absolute pixel error {digits_above(mean, stored.tolerance)} exceeds the tolerance "
+                f"{stored.tolerance} (`verify.jpeg_mean_abs_error`)"
+            )
         return None
 
     def report_stats(self, field: FieldSpec, column: int, stats: dict, tolerance: float) -> None:
         if "jpeg_mean_abs_error_sum" in stats:
             stats["jpeg_mean_abs_error_mean"] = round(stats.pop("jpeg_mean_abs_error_sum") / max(stats["jpeg"], 1), 3)
         stats["jpeg_tolerance"] = tolerance
+        if stats.pop("jpeg_over_tolerance", 0):
+            # variable_result prints it once, after the failing samples
+            quality = field.options["jpeg_quality"]
+            # ffcv's colour subsampling keeps an error of a few levels even at quality 100
+            raise_quality = f"raise the field's `jpeg_quality` (now {quality}), " if quality < 100 else ""
+            stats["fix"] = raise_quality + JPEG_TOLERANCE_FIX
 
     def loader_pipeline(self, field: FieldSpec, beton: BetonFile, n: int) -> list | None:
         from ffcv.fields.decoders import SimpleRGBImageDecoder
@@ -190,9 +214,16 @@ def _as_rgb_array(field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
     convert_hint = "add `image_mode: convert` to the field to convert with PIL .convert('RGB')"
     if isinstance(value, Image.Image):
         if value.mode != "RGB":
+            _refuse_high_depth(value, fail)  # before the hint: `image_mode: convert` would clip it
             if not convert:
                 raise fail(f"PIL image has mode {value.mode}, not RGB", convert_hint)
-            value = value.convert("RGB")
+            try:
+                value = value.convert("RGB")
+            except ValueError as exc:  # a mode PIL cannot convert to RGB
+                raise fail(
+                    f"PIL image{_file_of(value)} has mode {value.mode}, which PIL cannot convert to RGB: {exc}",
+                    "convert it to RGB in an adapter (a python source), or save the files as RGB",
+                ) from None
         return np.asarray(value)
     if isinstance(value, np.ndarray):
         if value.dtype != np.uint8:
@@ -217,6 +248,36 @@ def _as_rgb_array(field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
             "return a uint8 HxWx3 numpy array (e.g. tensor.permute(1, 2, 0).numpy()) or a PIL RGB image",
         )
     raise fail(f"rgb_image field got {describe(value)}", "return a uint8 HxWx3 numpy array or a PIL RGB image")
+
+
+def _refuse_high_depth(image, fail: Fail) -> None:
+    """Refuses an image of more than 8 bits per channel (modes I;16*, I, F): PIL's .convert("RGB")
+    silently turns every value above 255 into 255, and verification would then pass against the clipped copy."""
+    from PIL import ImageMode
+
+    try:
+        itemsize = np.dtype(ImageMode.getmode(image.mode).typestr).itemsize
+    except (KeyError, TypeError, ValueError):
+        return  # a mode PIL does not describe: its .convert decides
+    if itemsize <= 1:
+        return
+    pixels = np.asarray(image)
+    bits = f"{8 * itemsize}-bit {'float' if pixels.dtype.kind == 'f' else 'integer'}"
+    largest = f"{pixels.max():g}" if pixels.size else "none"
+    raise fail(
+        f"PIL image{_file_of(image)} has mode {image.mode} ({bits} values, largest {largest}); "
+        "PIL's .convert('RGB') would clip every value above 255, so betonbuild refuses it "
+        "even with `image_mode: convert`",
+        "scale it to 8 bits yourself: read the images with a python source whose __getitem__ returns "
+        "np.asarray(image) scaled to 0..255 (e.g. * 255 / 65535 for 16-bit data, * 255 / 4095 for 12-bit), "
+        "rounded to uint8 and stacked to HxWx3; or save the files as 8-bit images",
+    )
+
+
+def _file_of(image) -> str:
+    """' (file <path>)' for an image PIL opened from a file (an image folder's), else ''."""
+    filename = getattr(image, "filename", "")
+    return f" (file {filename})" if filename else ""
 
 
 KIND = RGBImageKind()

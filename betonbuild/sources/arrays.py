@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import zipfile
 from typing import Any
 
@@ -43,13 +44,9 @@ class ArraysSource(Source):
         self.files = self.input_files(spec)
         require_files(spec.name, self.files)
         if "path" in src:
-            with np.load(src["path"], allow_pickle=False) as npz:
-                missing = [k for k in src["columns"].values() if k not in npz.files]
-                if missing:
-                    raise SourceError(spec.name, f"{src['path']} has no array {missing[0]!r} (it has {npz.files})")
-                self.columns = [npz[src["columns"][n]] for n in spec.field_names]
+            self.columns = load_npz_columns(spec.name, src["path"], [src["columns"][n] for n in spec.field_names])
         else:
-            self.columns = [np.load(src["columns"][n], mmap_mode="r", allow_pickle=False) for n in spec.field_names]
+            self.columns = [load_npy_column(spec.name, src["columns"][n]) for n in spec.field_names]
         lengths = {name: len(col) for name, col in zip(spec.field_names, self.columns)}
         if len(set(lengths.values())) != 1:
             raise SourceError(spec.name, f"columns have different lengths: {lengths}")
@@ -129,19 +126,78 @@ class ArraysSource(Source):
         return digest.hexdigest()
 
 
+def load_npz_columns(dataset: str, path: str, keys: list[str]) -> list[np.ndarray]:
+    """The arrays ``keys`` of an .npz file, loaded whole; a file numpy cannot load safely is a SourceError."""
+    try:
+        headers = array_headers(path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise SourceError(dataset, f"{path} is not a readable .npz file: {exc}") from None
+    missing = [k for k in keys if k not in headers]
+    if missing:
+        raise SourceError(dataset, f"{path} has no array {missing[0]!r} (it has {list(headers)})")
+    for key in keys:
+        _check_array_header(dataset, f"array {key!r} of {path}", *headers[key])
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return [npz[key] for key in keys]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # e.g. a damaged member (CRC, zlib)
+        raise SourceError(dataset, f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+
+
+def load_npy_column(dataset: str, path: str) -> np.ndarray:
+    """One .npy column, memory-mapped, after its header is checked against the file's size."""
+    try:
+        with open(path, "rb") as fh:
+            shape, dtype = _npy_header(fh)
+            data_offset = fh.tell()
+        size = os.path.getsize(path)
+    except (OSError, ValueError, EOFError) as exc:
+        raise SourceError(dataset, f"{path} is not a readable .npy file: {exc}") from None
+    _check_array_header(dataset, str(path), shape, dtype)
+    row_bytes = math.prod(shape[1:]) * dtype.itemsize
+    needed = data_offset + shape[0] * row_bytes
+    if size < needed:
+        whole_rows = (size - data_offset) // row_bytes if row_bytes else 0
+        raise SourceError(
+            dataset,
+            f"{path} is truncated: its header claims {shape[0]:,} rows of {dtype} {list(shape[1:])} "
+            f"({needed:,} bytes with the {data_offset}-byte header) but the file holds {size:,} bytes "
+            f"({max(whole_rows, 0):,} whole rows); write it again (np.save) or copy it again",
+        )
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def _check_array_header(dataset: str, what: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """Refuses what cannot be a column: Python objects (loading them needs pickle) and a 0-d array."""
+    if dtype.hasobject:
+        raise SourceError(
+            dataset,
+            f"{what} holds Python objects (dtype {dtype}), which numpy loads only with pickle (allow_pickle=True "
+            "runs code from the file); save it as a numeric or fixed-width array (e.g. np.stack the rows, "
+            "or a bytes/str dtype), or read it with a python source",
+        )
+    if not shape:
+        raise SourceError(dataset, f"{what} is a 0-d array (one value); a column needs one row per sample")
+
+
+def _npy_header(fh) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) from an open .npy stream, leaving it at the first data byte."""
+    version = np.lib.format.read_magic(fh)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(fh)
+    return shape, dtype
+
+
 def array_headers(path: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """(shape, dtype) of every array of an .npy or .npz file, from its header alone."""
     if path.endswith(".npy"):
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-        return {"": (array.shape, array.dtype)}
+        with open(path, "rb") as fh:
+            return {"": _npy_header(fh)}
     headers = {}
     with zipfile.ZipFile(path) as archive:
         for member in archive.namelist():
             with archive.open(member) as fh:
-                version = np.lib.format.read_magic(fh)
-                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                shape, _, dtype = read(fh)
-            headers[member.removesuffix(".npy")] = (shape, dtype)
+                headers[member.removesuffix(".npy")] = _npy_header(fh)
     return headers
 
 

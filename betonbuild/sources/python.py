@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from betonbuild.config.spec import DatasetSpec
+from betonbuild.config.spec import DatasetSpec, count_indices
 from betonbuild.errors import SourceError
 from betonbuild.sources.adapters import import_factory
 from betonbuild.sources.base import Source
+
+# The sample order is an int64 per selected sample, and a shuffle holds a second copy while it
+# permutes: a source whose selection needs more than this machine's memory for that is refused
+# before anything is allocated (a __len__ of 10**12 would otherwise fail allocating 7.28 TiB).
+ORDER_BYTES_PER_SAMPLE = 16
 
 
 class PythonSource(Source):
@@ -45,6 +51,7 @@ class PythonSource(Source):
                 f"factory {spec.source['factory']} returned a {type(self.dataset).__name__}, "
                 "which lacks __len__ and __getitem__",
             )
+        check_length(spec, self.dataset)
 
     @classmethod
     def adapter_references(cls, spec: DatasetSpec) -> list[str]:
@@ -64,3 +71,33 @@ class PythonSource(Source):
 
     # part_fingerprint: "", a factory's samples cannot be hashed without reading them all; only its
     # code (the adapters digest, part of every fingerprint) is
+
+
+def check_length(spec: DatasetSpec, dataset: Any) -> int:
+    """``len(dataset)``, refused (SourceError) if it fails or if the order it selects cannot fit in memory."""
+    try:
+        length = len(dataset)
+    except Exception as exc:  # noqa: BLE001 - e.g. OverflowError for a length beyond sys.maxsize
+        raise SourceError(spec.name, f"len() of the dataset failed: {type(exc).__name__}: {exc}") from None
+    selected = count_indices(spec.writer, length)
+    needed, memory = selected * ORDER_BYTES_PER_SAMPLE, physical_memory()
+    if memory and needed > memory:
+        raise SourceError(
+            spec.name,
+            f"the dataset's __len__ is {length:,}: {selected:,} samples need {_gib(needed)} for the sample "
+            f"order alone ({ORDER_BYTES_PER_SAMPLE} bytes each), more than this machine's {_gib(memory)} of memory; "
+            "check __len__ (it is implausibly large), or select fewer samples with writer.indices",
+        )
+    return length
+
+
+def physical_memory() -> int | None:
+    """Bytes of RAM of this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB"

@@ -306,12 +306,14 @@ def fixed_result(ctx: Context, tally: Tally) -> tuple[bool, str, dict]:
 def variable_result(ctx: Context, tally: Tally, check: str) -> tuple[bool, str, dict]:
     """The outcome of report check ``check`` (``variable_fields``, ``custom_fields``) over its fields."""
     names = {f.name for _, f in ctx.variable if field_kind(f).verify_check == check}
-    per_field = {}
+    per_field, fixes = {}, []
     for column, field in enumerate(ctx.spec.fields):
         if field.name not in names:
             continue
         stats = dict(tally.stats(field.name))
         field_kind(field).report_stats(field, column, stats, ctx.tolerance)
+        if "fix" in stats:
+            fixes.append(stats.pop("fix"))  # how to make this field's failures go away, said once
         per_field[field.name] = stats
     problems = sorted((p for p in tally.problems if p[1] in names or p[1] == ""), key=lambda p: p[0])
     text = [f"field '{f}' sample {at} {what}" if f else f"sample {at}: {what}" for at, f, what in problems]
@@ -323,6 +325,8 @@ def variable_result(ctx: Context, tally: Tally, check: str) -> tuple[bool, str, 
         if failed
         else f"{which} of {sorted(names)} equal the source"
     )
+    if failed and fixes:
+        detail += ". Fix: " + "; ".join(dict.fromkeys(fixes))
     jpeg = [s for s in per_field.values() if s.get("jpeg")]
     if jpeg and not failed:
         detail += (

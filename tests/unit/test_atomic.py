@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -11,7 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from betonbuild.atomic import _alive, atomic_path, remove_stale_temp_files, temp_path_for, write_json
+from betonbuild.atomic import (
+    _alive,
+    atomic_path,
+    disk_full_error,
+    remove_stale_temp_files,
+    temp_path_for,
+    write_json,
+)
+from betonbuild.errors import WriteError
+from betonbuild.write.writer import disk_full_error as beton_disk_full_error
 
 
 def dead_pid() -> int:
@@ -91,3 +101,49 @@ def test_write_json_refuses_an_unserialisable_value_and_writes_nothing(tmp_path)
     with pytest.raises(TypeError, match="object is not JSON serialisable"):
         write_json(tmp_path / "r.json", {"bad": object()})
     assert list(tmp_path.iterdir()) == []
+
+
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("where", ["json.dump", "builtins.open"])
+def test_a_full_disk_while_a_json_record_is_written_is_the_disk_full_message_naming_the_path(
+    tmp_path, monkeypatch, where
+):
+    target = tmp_path / "results" / "d" / "inspect.json"
+    write_json(target, {"v": 1})
+    if where == "json.dump":
+        monkeypatch.setattr(json, "dump", no_space)
+    else:  # the temp file cannot even be created
+        monkeypatch.setattr("builtins.open", no_space)
+    with pytest.raises(WriteError) as info:
+        write_json(target, {"v": 2})
+    monkeypatch.undo()
+    assert str(info.value) == (
+        f"the disk is full (or a file-size limit was reached) while writing {target}: No space left on device; "
+        "free space or point `results` at a larger disk, then run again"
+    )
+    assert json.loads(target.read_text()) == {"v": 1}, "the previous complete record is kept"
+    assert [p.name for p in target.parent.iterdir()] == ["inspect.json"], "no temp file is left"
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG, errno.EDQUOT])
+def test_every_output_written_through_atomic_path_gets_the_disk_full_message(tmp_path, code):
+    target = tmp_path / "preview.png"
+    with pytest.raises(WriteError, match=f"while writing {target}: {os.strerror(code)}; free space"):
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(b"partial")
+            raise OSError(code, os.strerror(code))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_other_os_errors_pass_through_unchanged(tmp_path):
+    with pytest.raises(PermissionError):
+        with atomic_path(tmp_path / "out.bin"):
+            raise PermissionError(errno.EACCES, "denied")
+
+
+def test_the_disk_full_message_is_the_one_the_beton_write_gives():
+    exc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert str(disk_full_error(exc, dataset="huge")) == str(beton_disk_full_error("huge", exc))
