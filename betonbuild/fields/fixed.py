@@ -25,7 +25,7 @@ def unwrap_scalar(value: Any) -> Any:
     if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
         return value[()]
     torch = sys.modules.get("torch")  # a tensor exists only once torch is imported: never import it here
-    if torch is not None and isinstance(value, torch.Tensor) and value.dim() == 0:
+    if torch is not None and isinstance(value, torch.Tensor) and value.dim() == 0 and value.device.type == "cpu":
         return value.item()  # a Python int, float or bool holding the tensor's value exactly
     return value
 

@@ -126,6 +126,7 @@ def test_a_zero_d_integer_array_or_tensor_into_int_field_is_accepted_as_its_int(
         (torch.tensor(True), "int field got torch tensor dtype=torch.bool shape=()"),
         (np.array([7]), "int field got numpy array dtype=int64 shape=(1,)"),
         (torch.tensor([7]), "int field got torch tensor dtype=torch.int64 shape=(1,)"),
+        (torch.tensor(7, device="meta"), "int field got torch tensor dtype=torch.int64 shape=() device=meta"),
         (np.array(2**64 - 1, dtype=np.uint64), f"int value {2**64 - 1} does not fit in int64"),
     ],
 )
