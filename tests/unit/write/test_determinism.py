@@ -3,6 +3,7 @@ item 14), naming the dataset, the field and the index, before the full write and
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -71,15 +72,16 @@ def smoke_build(spec, root: Path) -> Path:
     results = root / "results" / spec.name
     results.mkdir(parents=True)
     make_source_manifest(spec, str(results / "source.json"))
-    build(
-        spec,
-        str(results / "source.json"),
-        str(results / "smoke.beton"),
-        str(results / "smoke.write.json"),
-        smoke=True,
-        survey_path=str(results / "inspect.json"),
-        log=open("/dev/null", "w"),
-    )
+    with open(os.devnull, "w") as log:
+        build(
+            spec,
+            str(results / "source.json"),
+            str(results / "smoke.beton"),
+            str(results / "smoke.write.json"),
+            smoke=True,
+            survey_path=str(results / "inspect.json"),
+            log=log,
+        )
     return results
 
 
