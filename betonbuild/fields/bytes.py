@@ -1,4 +1,7 @@
-"""``type: bytes``: a 1-D uint8 array of any length per sample."""
+"""``type: bytes``: a 1-D uint8 array of any length per sample.
+
+Accepted: bytes-like objects and 1-D arrays of a 1-byte integer or bool dtype (``int8``), whose
+bytes are stored as they are; wider dtypes are refused (ffcv would cast every value to one byte)."""
 
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ class BytesKind(PayloadKind):
             value = np.frombuffer(bytes(value), dtype=np.uint8)
         elif not isinstance(value, np.ndarray):
             raise fail(f"bytes field got {describe(value)}", "return bytes or a 1-D uint8 numpy array")
+        elif value.ndim == 1 and value.dtype.kind in "biu" and value.dtype.itemsize == 1:
+            value = np.ascontiguousarray(value).view(np.uint8)  # the same bytes: int8 -1 is the byte 0xff
         if value.dtype != np.uint8 or value.ndim != 1:
             raise fail(
                 f"bytes field got {describe(value)}; ffcv would cast every value to one byte",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,25 @@ from betonbuild.fields.kind import FieldKind
 
 SECONDS_PER_FIXED_VALUE = 0.0002  # reading, checking and encoding one fixed-size value, one core
 SMALL_FIXED = 4096  # array payloads up to this size are gathered into the digest in one copy per block
+
+
+def unwrap_scalar(value: Any) -> Any:
+    """The number inside a 0-d NumPy array or torch tensor, else ``value`` itself.
+
+    A 0-d array holds exactly one number of its dtype: taking it out loses nothing, and the scalar
+    fields then apply their own rules to it (a bool stays a bool, which they refuse)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
+        return value[()]
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported: never import it here
+    if torch is not None and isinstance(value, torch.Tensor) and value.dim() == 0 and value.device.type == "cpu":
+        return value.item()  # a Python int, float or bool holding the tensor's value exactly
+    return value
+
+
+def bool_as_byte_dtype(value_dtype: np.dtype, want_dtype: np.dtype) -> bool:
+    """A bool array into a 1-byte integer dtype: False/True are the bytes 0/1, the same values and
+    bytes in either dtype, so the conversion loses nothing (any other dtype change is refused)."""
+    return value_dtype == np.bool_ and want_dtype.kind in "iu" and want_dtype.itemsize == 1
 
 
 class FixedKind(FieldKind):

@@ -1,4 +1,7 @@
-"""``type: ndarray``: a numpy array of one dtype and shape per field, one payload per sample."""
+"""``type: ndarray``: a numpy array of one dtype and shape per field, one payload per sample.
+
+The array's dtype must be the field's; the one conversion accepted is a bool array into a 1-byte
+integer field (``uint8``, ``int8``), where False/True are stored as the bytes 0/1 they already are."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import numpy as np
 
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import ConfigError
-from betonbuild.fields.fixed import ArrayKind, check_array_layout
+from betonbuild.fields.fixed import ArrayKind, bool_as_byte_dtype, check_array_layout
 from betonbuild.fields.kind import Fail, describe
 
 
@@ -34,6 +37,8 @@ class NDArrayKind(ArrayKind):
                 f"ndarray field got {describe(value)}",
                 f"return np.asarray(value, dtype='{want_dtype}') with shape {want_shape}",
             )
+        if bool_as_byte_dtype(value.dtype, want_dtype):
+            value = value.view(want_dtype)
         check_array_layout(value, want_dtype, want_shape, fail)
         return np.ascontiguousarray(value)
 

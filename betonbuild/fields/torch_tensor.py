@@ -8,7 +8,7 @@ import numpy as np
 
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import ConfigError
-from betonbuild.fields.fixed import ArrayKind
+from betonbuild.fields.fixed import ArrayKind, bool_as_byte_dtype
 from betonbuild.fields.kind import Fail, describe
 
 TORCH_DTYPES = ("float16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool")
@@ -46,6 +46,8 @@ class TorchTensorKind(ArrayKind):
         if value.requires_grad:
             raise fail("tensor requires grad", "return value.detach() from your dataset's __getitem__")
         want = getattr(torch, field.options["dtype"])
+        if value.dtype == torch.bool and bool_as_byte_dtype(np.dtype(bool), self.sample_dtype(field)):
+            value = value.to(want)  # False/True become 0/1: the same values and bytes
         if value.dtype != want:
             raise fail(
                 f"dtype {value.dtype} does not match the field's {want} (shape {tuple(value.shape)})",

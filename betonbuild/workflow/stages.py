@@ -21,7 +21,7 @@ from betonbuild.config.spec import DatasetSpec, resolve_indices, smoke_positions
 from betonbuild.errors import MergeError, SampleError, SourceError, VerificationError
 from betonbuild.fields.custom import custom_handlers
 from betonbuild.provenance import ffcv_build
-from betonbuild.sources import open_source, source_fingerprint
+from betonbuild.sources import open_source, source_class, source_fingerprint
 from betonbuild.sources.shards import shard_list
 from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
 from betonbuild.workflow.partitions import (
@@ -32,6 +32,7 @@ from betonbuild.workflow.partitions import (
     rows_digest,
     whole_order,
 )
+from betonbuild.write.determinism import SourceNotDeterministic, check_deterministic
 from betonbuild.write.failure import clear_failure, save_failure
 from betonbuild.write.preflight import largest_rows, survey_samples
 from betonbuild.write.writer import resolve_workers, write_beton
@@ -133,11 +134,13 @@ def build(
     """Writes the smoke or full .beton, or one part of a partitioned one, and a record of the write
     (its rows and the ffcv build).
 
-    The smoke stage first surveys its samples and the largest ones (``survey_path``, inspect.json). A bad
-    sample is saved under ``results/{ds}/failure/`` for ``betonbuild repro``.
+    The smoke stage first surveys its samples and the largest ones (``survey_path``, inspect.json) and
+    reads a few twice (``write.determinism``). A bad sample is saved under ``results/{ds}/failure/``
+    for ``betonbuild repro``.
     """
     started = time.time()
-    source = open_source(spec, Path(manifest_path).parent)
+    dataset_dir = Path(manifest_path).parent
+    source = open_source(spec, dataset_dir)
     rows = rows_to_write(spec, source, manifest_path, smoke, part)
     # results/{ds}/failure/ (a part's file is in results/{ds}/parts/)
     failure_dir = Path(beton_path).parents[0 if part is None else 1] / "failure"
@@ -146,6 +149,9 @@ def build(
         if survey_path:
             order = rows_to_write(spec, source, manifest_path, smoke=False)
             write_json(survey_path, survey_samples(spec, source, np.concatenate(smoke_rows(spec, source, order))))
+            # Only the user's code can draw values when it is created: other kinds are not opened twice
+            user_code = bool(source_class(spec).adapter_references(spec))
+            check_deterministic(spec, source, rows, (lambda: open_source(spec, dataset_dir)) if user_code else None)
         # The smoke file and the parts are written by one worker: byte-identical across runs
         # (a part's parallelism is the other parts' jobs), and the smoke file fails fastest.
         workers = 1 if smoke or part is not None else resolve_workers(spec.writer.num_workers, threads)
@@ -159,6 +165,8 @@ def build(
             log=log,
             work_items=source.work_items(rows),  # shards: each opened and read once, by one worker
         )
+    except SourceNotDeterministic:
+        raise  # every read passes the contract: there is no failing sample to save and replay
     except SampleError as exc:
         saved = save_failure(failure_dir, spec, source, exc, stage, started)
         exc.args = (f"{exc}\nThe failing sample is saved in {saved}; replay it with: betonbuild repro {saved}",)

@@ -4,7 +4,10 @@ ffcv silently stores wrong data for many inputs (int32 into a float32 field, a s
 empty bytes value...). Every check here turns such a value into a ``SampleError`` naming the
 dataset, the field and the source index; nothing is coerced silently. The few explicit
 conversions (``image_mode: convert``, ``json_numpy: convert``, bytes objects -> uint8 arrays,
-non-contiguous -> contiguous) change representation, never values. Each field kind holds its
+non-contiguous -> contiguous) change representation, never values, and so do the lossless ones
+(a 0-d array or tensor -> its number, a whole float -> int, an int8 array -> its bytes, a bool
+array -> uint8): a value that would change (3.5 into an int field, float64 into float32) is
+refused. The value a check returns is what verification compares. Each field kind holds its
 own check (``FieldKind.check``, ``betonbuild.fields``); this module maps a sample onto the fields.
 """
 

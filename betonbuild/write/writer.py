@@ -95,17 +95,24 @@ def page_fit_error(spec: DatasetSpec, fields: dict, values: tuple, index: int) -
 
 def measure_allocations(fields: dict, values: tuple) -> dict[str, int]:
     """Bytes each field allocates for one sample, found by running its encode into scratch memory."""
-    sizes: dict[str, int] = {}
-    for (name, field), value in zip(fields.items(), values):
-        requested: list[int] = []
+    return {
+        name: sum(len(b) for b in encode_scratch(field, value)[1])
+        for (name, field), value in zip(fields.items(), values)
+    }
 
-        def malloc(n: int):
-            requested.append(n)  # noqa: B023 - called by this iteration's encode only
-            return 0, np.empty(n, dtype=np.uint8)
 
-        field.encode(np.zeros(1, dtype=field.metadata_type), value, malloc)
-        sizes[name] = sum(requested)
-    return sizes
+def encode_scratch(field, value) -> tuple[np.ndarray, list[np.ndarray]]:
+    """What ffcv's ``field`` stores for ``value``: its metadata record and the allocations its encode
+    filled, in scratch memory (every allocation's pointer is 0)."""
+    buffers: list[np.ndarray] = []
+
+    def malloc(n: int):
+        buffers.append(np.zeros(n, dtype=np.uint8))
+        return 0, buffers[-1]
+
+    record = np.zeros(1, dtype=field.metadata_type)
+    field.encode(record, value, malloc)
+    return record, buffers
 
 
 def _human(nbytes: int) -> str:

@@ -117,6 +117,7 @@ ADAPTER_SOURCE = textwrap.dedent(
             "ndarray_shape": lambda: (np.zeros((3, 2), dtype=np.float32), i),
             "ndarray_bigendian": lambda: (np.zeros((2, 3), dtype=">f4"), i),
             "ndarray_list": lambda: ([[0.0] * 3] * 2, i),
+            "ndarray_unseeded": lambda: (np.random.rand(2, 3).astype(np.float32), i),  # differs on every read
             # torch_tensor (no GPU here: the meta device stands in for cuda, it takes the same path)
             "tensor_dtype": lambda: (torch.zeros(2, 3, dtype=torch.float64), i),
             "tensor_shape": lambda: (torch.zeros(3, 2), i),
@@ -754,7 +755,7 @@ KEEP_GOING_BAD = {
 
 @pytest.fixture(scope="module")
 def keep_going(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, float]:
-    """One `snakemake --keep-going` run: a good dataset beside six bad ones."""
+    """One `snakemake --keep-going` run: a good dataset beside seven bad ones."""
     workdir = workdir_with_adapter(tmp_path_factory.mktemp("keep_going"))
     save_digits(workdir / "digits.npz")
     write_config(
@@ -767,6 +768,8 @@ def keep_going(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, flo
             "bad_full": python_dataset(
                 "array", "ndarray_float64", n=300, at=FULL_AT, smoke=4, writer={"num_workers": 2, "chunksize": 20}
             ),
+            # returns different values for the same index: stopped by the smoke stage, never verified
+            "bad_random": python_dataset("array", "ndarray_unseeded", n=300, at=0, until=300, smoke=4),
             # the source cannot even be opened
             "bad_import": python_dataset("basic", factory="no_such_module:make"),
             "bad_factory": python_dataset("explode"),
@@ -798,6 +801,21 @@ def test_keep_going_a_bad_sample_is_named_and_saved(keep_going, name: str):
     record = json.loads((workdir / f"results/{name}/failure/failure.json").read_text())
     assert (record["index"], record["field"], record["stage"]) == (index, field, stage)
     assert "Traceback (most recent call last)" in record["traceback"]
+
+
+def test_keep_going_a_source_returning_random_values_is_stopped_by_the_smoke_stage(keep_going):
+    workdir, result, seconds = keep_going
+    output = result.stdout + result.stderr
+    lines = [line for line in output.splitlines() if line.startswith("betonbuild error: dataset 'bad_random'")]
+    assert lines, "no error line for bad_random; its log:\n" + _log_tail(workdir, "smoke", "bad_random")
+    assert lines[0].startswith(
+        "betonbuild error: dataset 'bad_random', field 'arr', sample index 0: the source returns different "
+        "values for the same index (two reads of it differ). Fix: seed it or make it deterministic"
+    ), lines[0]
+    results = workdir / "results" / "bad_random"
+    assert not (results / "smoke.beton").exists() and not (results / "smoke.verify.json").exists()
+    assert not (results / "failure").exists(), "nothing to replay: each read passes the contract"
+    assert beton_leftovers(workdir, "bad_random") == []
 
 
 def _log_tail(workdir: Path, stage: str, name: str) -> str:

@@ -14,7 +14,7 @@ from betonbuild.config.load import load_config
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.demo import colour_photos
 from betonbuild.errors import SampleError
-from betonbuild.write.contract import check_sample, check_value, sample_to_tuple
+from betonbuild.write.contract import check_sample, check_value, describe, sample_to_tuple
 
 DATASET = "shapes"
 INDEX = 1234
@@ -71,10 +71,67 @@ def photo() -> np.ndarray:
 # --- int -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [3.0, 3.9, np.float32(2.0)])
-def test_float_into_int_field_is_rejected(value):
+@pytest.mark.parametrize("value", [3.9, -0.5, np.float32(2.5), np.longdouble(3.5)])
+def test_a_fraction_into_int_field_is_rejected(value):
     error = rejected("label", value)
     assert "int field got" in str(error)
+    assert "which is not a whole number; ffcv would truncate it" in str(error)
+    assert "round(value)" in error.fix
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -np.inf, np.float32("nan")])
+def test_a_non_finite_float_into_int_field_is_rejected(value):
+    error = rejected("label", value)
+    assert "which has no integer value" in str(error)
+    assert "make the field a float" in error.fix
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [(3.0, 3), (-7.0, -7), (np.float32(2.0), 2), (np.float16(2048.0), 2048), (-(2.0**63), -(2**63)), (2.0**62, 2**62)],
+)
+def test_a_whole_float_into_int_field_is_accepted_as_its_int(value, expected):
+    result = check("label", value)
+    assert type(result) is int and result == expected
+
+
+@pytest.mark.parametrize("value", [2.0**63, -(2.0**64), 1e300])
+def test_a_whole_float_outside_int64_is_rejected(value):
+    assert f"int value {int(value)} does not fit in int64" in str(rejected("label", value))
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (np.array(7), 7),
+        (np.array(-3, dtype=np.int8), -3),
+        (np.array(2**64 - 1 >> 1, dtype=np.uint64), 2**63 - 1),
+        (np.array(4.0), 4),
+        (torch.tensor(7), 7),
+        (torch.tensor(-2, dtype=torch.int16), -2),
+        (torch.tensor(5.0, dtype=torch.float32), 5),
+    ],
+)
+def test_a_zero_d_integer_array_or_tensor_into_int_field_is_accepted_as_its_int(value, expected):
+    result = check("label", value)
+    assert type(result) is int and result == expected
+
+
+@pytest.mark.parametrize(
+    "value,why",
+    [
+        (np.array(7.5), "int field got numpy array dtype=float64 shape=(), which is not a whole number"),
+        (torch.tensor(0.5), "int field got torch tensor dtype=torch.float32 shape=() device=cpu, which is not"),
+        (np.array(True), "int field got numpy array dtype=bool shape=()"),
+        (torch.tensor(True), "int field got torch tensor dtype=torch.bool shape=()"),
+        (np.array([7]), "int field got numpy array dtype=int64 shape=(1,)"),
+        (torch.tensor([7]), "int field got torch tensor dtype=torch.int64 shape=(1,)"),
+        (torch.tensor(7, device="meta"), "int field got torch tensor dtype=torch.int64 shape=() device=meta"),
+        (np.array(2**64 - 1, dtype=np.uint64), f"int value {2**64 - 1} does not fit in int64"),
+    ],
+)
+def test_arrays_and_tensors_that_are_not_one_integer_are_rejected(value, why):
+    assert why in str(rejected("label", value))
 
 
 def test_str_into_int_field_is_rejected():
@@ -126,8 +183,56 @@ def test_bool_into_float_field_is_rejected(value):
     assert "float field got" in str(rejected("score", value))
 
 
-def test_zero_d_array_into_float_field_is_rejected():
-    assert "float field got numpy array" in str(rejected("score", np.array(1.5)))
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (np.array(1.5), 1.5),
+        (np.array(0.1, dtype=np.float32), float(np.float32(0.1))),
+        (np.array(-4, dtype=np.int32), -4.0),
+        (np.array(np.nan), np.nan),
+        (torch.tensor(0.25), 0.25),
+        (torch.tensor(0.1, dtype=torch.float16), float(np.float16(0.1))),
+        (torch.tensor(3), 3.0),
+    ],
+)
+def test_zero_d_array_or_tensor_into_float_field_is_accepted_as_its_float(value, expected):
+    result = check("score", value)
+    assert type(result) is float
+    assert result == expected or (np.isnan(expected) and np.isnan(result))
+
+
+@pytest.mark.parametrize(
+    "value,why",
+    [
+        (np.array([1.5]), "float field got numpy array dtype=float64 shape=(1,)"),
+        (np.array(True), "float field got numpy array dtype=bool shape=()"),
+        (torch.tensor(False), "float field got torch tensor dtype=torch.bool shape=()"),
+        (np.array(1 + 2j), "float field got numpy array dtype=complex128 shape=()"),
+    ],
+)
+def test_arrays_and_tensors_that_are_not_one_number_into_float_field_are_rejected(value, why):
+    assert why in str(rejected("score", value))
+
+
+@pytest.mark.parametrize(
+    "value,stored",
+    [
+        (2**53 + 1, "9007199254740992.0"),
+        (np.int64(2**62 + 1), "4.611686018427388e+18"),
+        (np.uint64(2**64 - 1), "1.8446744073709552e+19"),
+        (np.longdouble(1) / 3, "0.3333333333333333"),
+    ],
+)
+def test_a_number_float64_would_round_is_rejected(value, stored):
+    error = rejected("score", value)
+    assert f"is not exactly a float64; it would be stored as {stored}" in str(error)
+    assert "float(value)" in error.fix
+    assert check("score", float(value)) == float(value)  # the fix works when followed
+
+
+@pytest.mark.parametrize("value", [2**53, -(2**60), np.int64(2**62), np.longdouble(0.5), np.uint64(2**63)])
+def test_a_large_number_float64_holds_exactly_is_accepted(value):
+    assert check("score", value) == float(value)
 
 
 @pytest.mark.parametrize("value", [2.5, np.float32(0.25), np.float64(-1e300), 3, np.int16(4)])
@@ -148,6 +253,43 @@ def test_float64_into_float32_field_names_field_and_index():
     error = rejected("emb", np.zeros((2, 3), dtype=np.float64))
     assert "dtype float64 does not match the field's float32 (shape (2, 3))" in str(error)
     assert "value.astype('float32')" in error.fix
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_bool_array_into_a_one_byte_integer_field_is_accepted_as_0_and_1(dtype):
+    spec = make_spec({"mask": {"type": "ndarray", "dtype": dtype, "shape": [2, 3]}})
+    value = np.array([[True, False, True], [False, False, True]])
+    result = check_value(DATASET, spec.fields[0], value, 0)
+    assert result.dtype == np.dtype(dtype) and result.flags.c_contiguous
+    assert result.tolist() == [[1, 0, 1], [0, 0, 1]]
+    strided = check_value(DATASET, spec.fields[0], np.ones((4, 6), bool)[::2, ::2], 0)
+    assert strided.tolist() == [[1, 1, 1], [1, 1, 1]] and strided.flags.c_contiguous
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int16", "uint16", "float64"])
+def test_bool_array_into_a_wider_field_is_rejected(dtype):
+    spec = make_spec({"mask": {"type": "ndarray", "dtype": dtype, "shape": [3]}})
+    with pytest.raises(SampleError) as info:
+        check_value(DATASET, spec.fields[0], np.array([True, False, True]), 0)
+    assert f"dtype bool does not match the field's {dtype}" in str(info.value)
+
+
+def test_bool_array_of_the_wrong_shape_into_a_uint8_field_is_rejected():
+    spec = make_spec({"mask": {"type": "ndarray", "dtype": "uint8", "shape": [2, 3]}})
+    with pytest.raises(SampleError, match=r"shape \(3, 2\) does not match the field's \(2, 3\)"):
+        check_value(DATASET, spec.fields[0], np.ones((3, 2), bool), 0)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "float32"])
+def test_a_one_byte_integer_array_into_a_bool_field_is_rejected(dtype):
+    # 2 is no bool: the conversion is accepted one way only.
+    spec = make_spec({"mask": {"type": "ndarray", "dtype": "bool", "shape": [3]}})
+    with pytest.raises(SampleError, match=f"dtype {dtype} does not match the field's bool"):
+        check_value(DATASET, spec.fields[0], np.array([0, 1, 2], dtype=dtype), 0)
+
+
+def test_float16_into_float32_field_is_rejected():
+    assert "dtype float16 does not match the field's float32" in str(rejected("emb", np.zeros((2, 3), np.float16)))
 
 
 def test_int32_into_float32_field_is_rejected_though_the_byte_count_matches():
@@ -231,6 +373,19 @@ def test_non_contiguous_tensor_is_made_contiguous():
     result = check("tens", view)
     assert result.is_contiguous()
     assert torch.equal(result, torch.tensor([0.0, 2.0, 4.0, 6.0]))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_bool_tensor_into_a_one_byte_integer_tensor_field_is_accepted_as_0_and_1(dtype):
+    spec = make_spec({"mask": {"type": "torch_tensor", "dtype": dtype, "shape": [3]}})
+    result = check_value(DATASET, spec.fields[0], torch.tensor([True, False, True]), 0)
+    assert result.dtype == getattr(torch, dtype) and result.tolist() == [1, 0, 1]
+
+
+def test_bool_tensor_into_a_float_tensor_field_is_rejected():
+    spec = make_spec({"mask": {"type": "torch_tensor", "dtype": "float32", "shape": [3]}})
+    with pytest.raises(SampleError, match="dtype torch.bool does not match the field's torch.float32"):
+        check_value(DATASET, spec.fields[0], torch.tensor([True, False, True]), 0)
 
 
 def test_bool_tensor_field_accepts_bool_tensors():
@@ -357,6 +512,29 @@ def test_bytes_like_values_are_converted_to_uint8_exactly(value):
 def test_uint8_array_is_accepted_unchanged():
     value = np.frombuffer(b"hello", dtype=np.uint8)
     assert check("blob", value).tobytes() == b"hello"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [np.array([-1, 0, 5, 127, -128], dtype=np.int8), np.array([True, False, True]), np.array([9, 8, 7], np.uint8)],
+)
+def test_a_one_byte_array_into_bytes_field_is_accepted_with_its_bytes_as_they_are(value):
+    result = check("blob", value)
+    assert result.dtype == np.uint8 and result.ndim == 1
+    assert result.tobytes() == value.tobytes()
+
+
+def test_a_strided_int8_array_into_bytes_field_keeps_its_values_bytes():
+    value = np.array([1, -1, 2, -2, 3, -3], dtype=np.int8)[::2]
+    assert check("blob", value).tobytes() == bytes([1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [np.array([1, 2], np.int16), np.array([1.0], np.float32), np.zeros((2, 2), np.int8), np.array(5, np.int8)],
+)
+def test_a_wider_or_not_1d_array_into_bytes_field_is_rejected(value):
+    assert f"bytes field got {describe(value)}; ffcv would cast every value to one byte" in str(rejected("blob", value))
 
 
 def test_int64_array_into_bytes_field_is_rejected():
