@@ -21,7 +21,6 @@ FALLBACK_ERRNOS = {
     for name in ("EXDEV", "ENOSYS", "EINVAL", "EOPNOTSUPP", "ENOTSUP", "EBADF", "ETXTBSY", "EPERM")
     if hasattr(errno, name)
 }
-DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:

@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild.atomic import atomic_path
-from betonbuild.beton.copy import DISK_FULL_ERRNOS, METHODS, Copier, pwrite_all
+from betonbuild.atomic import DISK_FULL_ERRNOS, atomic_path
+from betonbuild.beton.copy import METHODS, Copier, pwrite_all
 from betonbuild.beton.format import (
     ALLOC_TABLE_TYPE,
     BUILTIN_POINTER_COLUMNS,

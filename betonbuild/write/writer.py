@@ -10,7 +10,6 @@ temp file. The file reaches its target path only after a complete write.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
 import sys
@@ -21,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from betonbuild._compat.ffcv_writer import WorkerFailure, safe_writer_class
-from betonbuild.atomic import atomic_path
+from betonbuild.atomic import DISK_FULL_ERRNOS, atomic_path
+from betonbuild.atomic import disk_full_error as atomic_disk_full_error
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import SampleError, SourceError, WriteError
 from betonbuild.fields import build_fields
@@ -134,7 +134,7 @@ def _explain(dataset: CheckedDataset, fields: dict, exc: BaseException) -> BaseE
     """Turns an exception raised inside ffcv's encode into one naming the dataset, field and index."""
     if isinstance(exc, (SampleError, SourceError, WriteError)):
         return exc
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
         return disk_full_error(dataset.spec.name, exc)
     index = dataset.current_index
     if index is None:
@@ -152,10 +152,7 @@ def _explain(dataset: CheckedDataset, fields: dict, exc: BaseException) -> BaseE
 
 
 def disk_full_error(dataset: str, exc: OSError) -> WriteError:
-    return WriteError(
-        f"dataset '{dataset}': the disk is full (or a file-size limit was reached) while writing: "
-        f"{exc.strerror or exc}; free space or point `results` at a larger disk, then run again"
-    )
+    return atomic_disk_full_error(exc, dataset=dataset)
 
 
 def _picklable(error: BaseException) -> BaseException:
@@ -230,7 +227,7 @@ def write_beton(
             else:
                 writer._write_common(len(order), work_items, None, (dataset,))
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            if exc.errno in DISK_FULL_ERRNOS:
                 raise disk_full_error(spec.name, exc) from exc
             raise
         finally:

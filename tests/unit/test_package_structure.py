@@ -118,3 +118,9 @@ def test_function_local_imports_of_our_modules_say_why():
 def test_library_module_is_small_enough_to_read(name):
     lines = len(MODULES[name].read_text().splitlines())
     assert lines <= MAX_MODULE_LINES, f"{name} has {lines} lines; split it by concern (at most {MAX_MODULE_LINES})"
+
+
+def test_test_file_names_are_unique():
+    """Test directories have no __init__.py: two test files of one name would not both import."""
+    names = [p.name for p in (PACKAGE.parent / "tests").rglob("*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
