@@ -103,6 +103,10 @@ class Config:
     datasets: dict[str, DatasetSpec]
 
 
+# The sample order in memory: the index range and its seeded permutation, an int64 each.
+ORDER_BYTES_PER_SAMPLE = 16
+
+
 def resolve_indices(writer: WriterSpec, length: int, dataset: str) -> np.ndarray:
     """The dataset's final sample order: ``indices`` (or all), then the SEEDED shuffle."""
     where = f"datasets.{dataset}.writer.indices"

@@ -5,15 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from betonbuild.config.spec import DatasetSpec, count_indices
+from betonbuild.config.spec import ORDER_BYTES_PER_SAMPLE, DatasetSpec, count_indices
 from betonbuild.errors import SourceError
 from betonbuild.sources.adapters import import_factory
 from betonbuild.sources.base import Source
-
-# The sample order is an int64 per selected sample, and a shuffle holds a second copy while it
-# permutes: a source whose selection needs more than this machine's memory for that is refused
-# before anything is allocated (a __len__ of 10**12 would otherwise fail allocating 7.28 TiB).
-ORDER_BYTES_PER_SAMPLE = 16
 
 
 class PythonSource(Source):
@@ -74,7 +69,8 @@ class PythonSource(Source):
 
 
 def check_length(spec: DatasetSpec, dataset: Any) -> int:
-    """``len(dataset)``, refused (SourceError) if it fails or if the order it selects cannot fit in memory."""
+    """``len(dataset)``, refused (SourceError) if it fails or if the order it selects cannot fit in memory
+    (checked before anything is allocated: a __len__ of 10**12 would otherwise fail allocating 7.28 TiB)."""
     try:
         length = len(dataset)
     except Exception as exc:  # noqa: BLE001 - e.g. OverflowError for a length beyond sys.maxsize

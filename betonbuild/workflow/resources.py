@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild.config.spec import DatasetSpec, count_indices
+from betonbuild.config.spec import ORDER_BYTES_PER_SAMPLE, DatasetSpec, count_indices
 from betonbuild.fields import field_kind, metadata_type
 from betonbuild.sources import gathers_fixed_values_one_by_one, input_files, source_class
 from betonbuild.verify import CHUNK_ROWS, resolve_mode
@@ -36,7 +36,6 @@ from betonbuild.verify import CHUNK_ROWS, resolve_mode
 MB = 1 << 20
 PROCESS_MB = 768  # measured: a job that imported ffcv and torch peaks at 430-530 MB
 WORKER_MB = 256  # a forked writer worker, beyond its page buffer
-ORDER_BYTES_PER_SAMPLE = 16  # the index range and its seeded permutation, int64 each
 ALLOCATION_BYTES = 24  # one allocation-table entry: sample id, pointer, size
 PYTHON_VALUE_BYTES = 160  # a numpy value in a Python list (verifying a python source)
 LOADER_COPIES = 2  # ffcv.Loader's batch buffer and our decoded copy of it
