@@ -6,5 +6,10 @@ from betonbuild.workflow.stages import make_source_manifest
 
 run(
     snakemake,
-    lambda: make_source_manifest(dataset_spec(snakemake), snakemake.output.manifest, smoke_path=snakemake.output.smoke),
+    lambda: make_source_manifest(
+        dataset_spec(snakemake),
+        snakemake.output.manifest,
+        smoke_path=snakemake.output.smoke,
+        memory_mb=snakemake.resources.mem_mb,
+    ),
 )

@@ -103,26 +103,34 @@ class Config:
     datasets: dict[str, DatasetSpec]
 
 
-# The sample order in memory: the index range and its seeded permutation, an int64 each.
-ORDER_BYTES_PER_SAMPLE = 16
+# The sample order in memory: one int64 per sample (resolve_indices builds it in place, no copy).
+ORDER_BYTES_PER_SAMPLE = 8
 
 
 def resolve_indices(writer: WriterSpec, length: int, dataset: str) -> np.ndarray:
-    """The dataset's final sample order: ``indices`` (or all), then the SEEDED shuffle."""
+    """The dataset's final sample order: ``indices`` (or all), then the SEEDED shuffle.
+
+    Peaks at the order itself (8 bytes a sample): a range is bounds-checked arithmetically, and the
+    shuffle is in place (``Generator.shuffle`` of a fresh array is what ``permutation`` does after
+    copying it, so the order is the same)."""
     where = f"datasets.{dataset}.writer.indices"
     if writer.indices is None:
         order = np.arange(length, dtype=np.int64)
     elif isinstance(writer.indices, str):
-        order = np.arange(*_range_bounds(writer.indices, length), dtype=np.int64)
+        selected = range(*_range_bounds(writer.indices, length))
+        if selected and selected[-1] >= length:
+            first_outside = selected[max(0, -(-(length - selected.start) // selected.step))]
+            raise ConfigError(where, f"index {first_outside} is outside the source's {length} samples")
+        order = np.arange(selected.start, selected.stop, selected.step, dtype=np.int64)
     else:
-        order = np.asarray(writer.indices, dtype=np.int64)
-    out_of_range = order[(order < 0) | (order >= length)]
-    if out_of_range.size:
-        raise ConfigError(where, f"index {int(out_of_range[0])} is outside the source's {length} samples")
+        order = np.array(writer.indices, dtype=np.int64)
+        out_of_range = order[(order < 0) | (order >= length)]
+        if out_of_range.size:
+            raise ConfigError(where, f"index {int(out_of_range[0])} is outside the source's {length} samples")
     if order.size == 0:
         raise ConfigError(where, "selects no sample; a .beton needs at least one")
     if writer.shuffle:
-        order = np.random.default_rng(writer.seed).permutation(order)
+        np.random.default_rng(writer.seed).shuffle(order)
     return order
 
 

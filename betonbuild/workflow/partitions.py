@@ -29,7 +29,8 @@ from betonbuild.sources.base import Source
 
 
 def rows_digest(rows: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(rows, dtype="<i8").tobytes()).hexdigest()
+    # hashed through the buffer: .tobytes() would copy the whole order once more
+    return hashlib.sha256(np.ascontiguousarray(rows, dtype="<i8")).hexdigest()
 
 
 def partition_bounds(

@@ -7,7 +7,7 @@ input, threads and attempt here. A profile overrides any of them per rule, e.g.
 What a job holds in RAM:
   every job          one Python process that imported ffcv, torch and numba (PROCESS_MB)
   + an .npz source   its arrays, loaded whole (.npy columns are memory-mapped, images read lazily)
-  + the sample order two int64 per sample
+  + the sample order one int64 per sample
   write, smoke       + the metadata table in shared memory (samples x record size)
                      + per worker (the job's threads) one page buffer and one forked process
   verify(_smoke)     + the metadata table, + what it decodes: fixed-size fields in chunks (every
@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from betonbuild.config.spec import ORDER_BYTES_PER_SAMPLE, DatasetSpec, count_indices
+from betonbuild.errors import SourceError
 from betonbuild.fields import field_kind, metadata_type
 from betonbuild.sources import gathers_fixed_values_one_by_one, input_files, source_class
 from betonbuild.verify import CHUNK_ROWS, resolve_mode
@@ -40,6 +41,9 @@ ALLOCATION_BYTES = 24  # one allocation-table entry: sample id, pointer, size
 PYTHON_VALUE_BYTES = 160  # a numpy value in a Python list (verifying a python source)
 LOADER_COPIES = 2  # ffcv.Loader's batch buffer and our decoded copy of it
 UNKNOWN_LENGTH = 1_000_000  # a python/webdataset source's length before its manifest exists
+# The manifest job is the first to learn such a source's length: it asks for room for an order of
+# this many samples (256 MB) and refuses a longer source before allocating (check_manifest_memory)
+MANIFEST_ORDER_ROOM = 32_000_000
 MIN_RUNTIME = 10  # minutes: start-up, imports, numba compilation, a loaded file system
 SAFETY = 2  # the runtime estimates below are multiplied by this
 READ_MB_PER_S = 100  # hashing or reading files on a shared file system
@@ -149,7 +153,25 @@ def _verify_mb(spec: DatasetSpec, samples: int) -> int:
 
 
 def source_manifest_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
+    if source_class(spec).estimated_length(spec) is None:
+        return _base_mb(spec, MANIFEST_ORDER_ROOM) * attempt
     return _base_mb(spec, num_samples(spec, manifest)) * attempt
+
+
+def check_manifest_memory(spec: DatasetSpec, length: int, declared_mb: int) -> None:
+    """Refuses (SourceError), before the order is built, a source longer than the manifest job's
+    memory was declared for: on a cluster the job would be killed, or take a node's memory from
+    other jobs. The fix names the figure that lets it run."""
+    needed = _base_mb(spec, count_indices(spec.writer, length))
+    if needed > declared_mb:
+        raise SourceError(
+            spec.name,
+            f"the source has {length:,} samples: the source_manifest job needs about {needed:,} MB for their "
+            f"order, more than the {declared_mb:,} MB it was given (mem_mb, estimated before the length was "
+            f"known); run again as `snakemake <targets> --set-resources source_manifest:mem_mb={needed}` (the "
+            "option last: it takes several values), or set it under set-resources in your profile, or select "
+            "fewer samples with writer.indices",
+        )
 
 
 def source_manifest_runtime(input_paths, attempt: int = 1) -> int:

@@ -32,6 +32,7 @@ from betonbuild.workflow.partitions import (
     rows_digest,
     whole_order,
 )
+from betonbuild.workflow.resources import check_manifest_memory
 from betonbuild.write.determinism import SourceNotDeterministic, check_deterministic
 from betonbuild.write.failure import clear_failure, save_failure
 from betonbuild.write.preflight import largest_rows, survey_samples
@@ -46,16 +47,24 @@ def make_shard_list(spec: DatasetSpec, shard_list_path: str) -> dict[str, Any]:
 
 
 def make_source_manifest(
-    spec: DatasetSpec, manifest_path: str, plan_parts: bool = True, smoke_path: str | None = None, log=sys.stderr
+    spec: DatasetSpec,
+    manifest_path: str,
+    plan_parts: bool = True,
+    smoke_path: str | None = None,
+    memory_mb: int | None = None,
+    log=sys.stderr,
 ) -> dict[str, Any]:
     """results/{ds}/source.json: length, final sample order and a fingerprint of the inputs.
 
     ``plan_parts=False`` (the CLI, which writes one file) plans the whole order as one part rather
     than fingerprinting each partition's source content. ``smoke_path`` (results/{ds}/smoke.json):
     the smoke samples and a fingerprint of exactly their content, in a file of its own so that a
-    change of the smoke settings leaves source.json, and the stages that read it, as they were."""
+    change of the smoke settings leaves source.json, and the stages that read it, as they were.
+    ``memory_mb``: the job's declared memory (a Snakemake job's mem_mb), checked against the length."""
     started = time.monotonic()
     source = open_source(spec, Path(manifest_path).parent)
+    if memory_mb is not None:
+        check_manifest_memory(spec, len(source), memory_mb)
     order = resolve_indices(spec.writer, len(source), spec.name)
     # A partitioned arrays source is read once, for its parts' row digests, which then make up its
     # fingerprint (hashing the files as well would read every byte twice)

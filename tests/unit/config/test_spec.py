@@ -723,3 +723,26 @@ def test_smoke_positions_of_small_datasets_take_every_sample_once(num_samples, k
 def test_smoke_positions_when_others_are_fewer_than_k():
     positions = smoke_positions(12, 8, seed=3)
     assert positions.tolist() == list(range(12))
+
+
+@pytest.mark.parametrize("entry", [{"shuffle": True, "seed": 3}, {"indices": "5:", "shuffle": True}, {}])
+def test_the_order_peaks_at_one_int64_per_sample(entry):
+    """numpy reports its buffers to tracemalloc: the order of 4M samples must not be built twice
+    (a shuffled copy, boolean masks of the range check), which at 10**9 samples is 8 GB more."""
+    import tracemalloc
+
+    n = 4_000_000
+    tracemalloc.start()
+    try:
+        order = resolve_indices(writer(**entry), n, "photos")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert order.nbytes <= 8 * n
+    assert peak < 8 * n * 1.1, f"peak {peak / 2**20:.0f} MiB for an order of {8 * n / 2**20:.0f} MiB"
+
+
+def test_the_in_place_shuffle_gives_the_order_permutation_gave():
+    """Files written before the in-place shuffle keep their order (and their source.json digests)."""
+    expected = np.random.default_rng(7).permutation(np.arange(2, 5000, 3, dtype=np.int64))
+    assert np.array_equal(resolve_indices(writer(indices="2::3", shuffle=True, seed=7), 5000, "photos"), expected)

@@ -124,7 +124,7 @@ def test_an_implausible_len_is_refused_before_the_order_is_allocated(workdir: Pa
     (workdir / "bb_huge_adapter.py").write_text(HUGE_ADAPTER)
     assert 10**12 * ORDER_BYTES_PER_SAMPLE > physical_memory()
     message = source_error(python_spec("bb_huge_adapter:huge"))
-    assert "the dataset's __len__ is 1,000,000,000,000: 1,000,000,000,000 samples need 14,901.2 GiB" in message
+    assert "the dataset's __len__ is 1,000,000,000,000: 1,000,000,000,000 samples need 7,450.6 GiB" in message
     assert "more than this machine's" in message and "check __len__ (it is implausibly large)" in message
     with pytest.raises(SourceError, match="implausibly large"):
         make_source_manifest(python_spec("bb_huge_adapter:huge"), str(workdir / "results" / "source.json"))

@@ -15,6 +15,7 @@ from PIL import Image
 
 from betonbuild.config.load import load_config
 from betonbuild.config.spec import DatasetSpec, WriterSpec, count_indices, resolve_indices
+from betonbuild.errors import SourceError
 from betonbuild.sources import gathers_fixed_values_one_by_one, source_class
 from betonbuild.workflow import resources
 
@@ -190,18 +191,36 @@ def test_write_threads_follow_num_workers_at_most_the_cores(npz):
 
 def test_source_manifest(npz):
     assert resources.source_manifest_mem_mb(digits(npz), None) == 769
-    assert resources.source_manifest_mem_mb(wine(), None, attempt=2) == 2 * 784
-    assert resources.source_manifest_mem_mb(digits(npz), BIG) == 921
+    # a python source's length is known only once the manifest job opened it: room for 32M samples
+    assert resources.source_manifest_mem_mb(wine(), None, attempt=2) == 2 * (768 + 245)
+    assert resources.source_manifest_mem_mb(digits(npz), BIG) == 845
     assert resources.source_manifest_runtime([str(npz), "/missing"]) == 11
     assert resources.source_manifest_runtime([]) == 10
     assert resources.source_manifest_runtime([], attempt=3) == 30
 
 
+def test_the_manifest_job_refuses_a_source_longer_than_its_memory_was_declared_for():
+    room = resources.source_manifest_mem_mb(wine(), None)
+    resources.check_manifest_memory(wine(), resources.MANIFEST_ORDER_ROOM, room)  # fits
+    with pytest.raises(SourceError) as info:
+        resources.check_manifest_memory(wine(), 2 * 10**9, room)
+    needed = 768 + 15259  # 2e9 samples x 8 bytes
+    assert str(info.value) == (
+        f"dataset 'd': the source has 2,000,000,000 samples: the source_manifest job needs about {needed:,} MB "
+        f"for their order, more than the {room:,} MB it was given (mem_mb, estimated before the length was "
+        f"known); run again as `snakemake <targets> --set-resources source_manifest:mem_mb={needed}` (the option "
+        "last: it takes several values), or set it under set-resources in your profile, or select fewer samples "
+        "with writer.indices"
+    )
+    resources.check_manifest_memory(wine(), 2 * 10**9, needed)  # the fix, followed
+    resources.check_manifest_memory(wine(writer={"indices": "0:1000"}), 2 * 10**9, room)  # the other fix
+
+
 def test_write(npz):
     spec = digits(npz)
     assert resources.write_mem_mb(spec, None, 2) == 1298
-    assert resources.write_mem_mb(spec, BIG, 4) == 2130
-    assert resources.write_mem_mb(spec, BIG, 4, attempt=2) == 2 * 2130
+    assert resources.write_mem_mb(spec, BIG, 4) == 2054
+    assert resources.write_mem_mb(spec, BIG, 4, attempt=2) == 2 * 2054
     assert resources.write_runtime(spec, None, 2) == 11
     assert resources.write_runtime(spec, BIG, 1) == 158
     assert resources.write_runtime(spec, BIG, 4) == 58
@@ -220,11 +239,11 @@ def test_parts(npz):
     assert resources.part_samples(spec, None, 0) == 13
     assert resources.part_samples(digits(npz, samples_per_partition=20), None, 1) == 20
     assert resources.part_samples(spec, BIG, 3) == 2_500_000
-    assert resources.part_mem_mb(spec, BIG, 0) == 1110
+    assert resources.part_mem_mb(spec, BIG, 0) == 1091
     assert resources.part_runtime(spec, BIG, 0) == 47
     assert resources.part_runtime(wine(partitions=2), None, 1) == 51
-    assert resources.part_verify_mem_mb(spec, BIG, 0) == 846
-    assert resources.part_verify_mem_mb(wine(partitions=2), None, 0, attempt=2) == 2 * 1258
+    assert resources.part_verify_mem_mb(spec, BIG, 0) == 827
+    assert resources.part_verify_mem_mb(wine(partitions=2), None, 0, attempt=2) == 2 * 1254
 
 
 def test_merge(npz, tmp_path):
@@ -240,8 +259,8 @@ def test_merge(npz, tmp_path):
 def test_verify(npz, tmp_path):
     spec = digits(npz)
     assert resources.verify_mem_mb(spec, None) == 770
-    assert resources.verify_mem_mb(spec, BIG) == 1075
-    assert resources.verify_mem_mb(wine(), None) == 1491
+    assert resources.verify_mem_mb(spec, BIG) == 999
+    assert resources.verify_mem_mb(wine(), None) == 1483
     beton = tmp_path / "d.beton"
     with open(beton, "wb") as fh:
         fh.truncate(5 << 30)
