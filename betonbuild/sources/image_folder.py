@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import numpy as np
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
 from betonbuild.sources.base import Source
+from betonbuild.sources.image_limits import decompression_bomb
 
 FIELD_TYPES = ["rgb_image", "int"]  # what a sample is: (image, label)
 
@@ -86,23 +86,10 @@ class ImageFolderSource(Source):
         return image, label
 
     def _bomb_error(self, index: int, path: Path, exc: Exception) -> SampleError:
-        """PIL refuses to decode an image of more pixels than its decompression-bomb limit."""
-        from PIL import Image
-
-        claimed = re.search(r"\((\d+) pixels\)", str(exc))
-        pixels = f"{int(claimed.group(1)):,} pixels" if claimed else "more pixels than PIL allows"
-        limit = Image.MAX_IMAGE_PIXELS
-        refused = f"{2 * limit:,}" if isinstance(exc, Image.DecompressionBombError) else f"{limit:,}"
-        return SampleError(
-            self.spec.name,
-            self.spec.field_names[0],
-            index,
-            f"image file {path} is {pixels}, above PIL's decompression-bomb limit of {refused} pixels "
-            f"(PIL.Image.MAX_IMAGE_PIXELS = {limit:,}; PIL refuses twice that, warns above it)",
-            "if the image is legitimate, resize the file, or read the folder with a python source whose "
-            f"module sets `PIL.Image.MAX_IMAGE_PIXELS = {int(claimed.group(1)) if claimed else 'None'}` "
-            "(None: no limit) before it opens images; otherwise remove the file",
+        message, fix = decompression_bomb(
+            exc, f"image file {path}", "read the folder with a python source whose module sets"
         )
+        return SampleError(self.spec.name, self.spec.field_names[0], index, message, fix)
 
     def sample_sizes(self) -> np.ndarray:
         return np.array([os.path.getsize(f) for f in self.files], dtype=np.int64)

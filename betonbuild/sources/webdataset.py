@@ -27,6 +27,7 @@ from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
 from betonbuild.sources.adapters import import_factory
 from betonbuild.sources.base import Source
+from betonbuild.sources.image_limits import decompression_bomb, is_decompression_bomb
 from betonbuild.sources.jpeg import decode_rgb8
 from betonbuild.sources.shards import (
     SHARD_LIST,
@@ -306,6 +307,10 @@ class WebDatasetSource(Source):
             try:
                 values.append(self.decode1(ext, sample[ext]))
             except Exception as exc:  # noqa: BLE001 - any decoder failure is this sample's error
+                if is_decompression_bomb(exc):
+                    set_limit_in = "give the source a `pipeline:` (it then decodes the samples) whose module sets"
+                    message, fix = decompression_bomb(exc, f"its {ext!r} member", set_limit_in)
+                    raise SampleError(self.spec.name, field.name, index, message, fix, location=where) from None
                 raise SampleError(
                     self.spec.name,
                     field.name,

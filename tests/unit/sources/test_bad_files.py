@@ -1,9 +1,12 @@
 """Bad source files get a message naming the dataset and the file, never a traceback (issue 17,
 items 2-4): object arrays, truncated .npy files, an implausible __len__, decompression bombs and
-16-bit images in an image folder. Where a message gives a fix, a test follows it."""
+16-bit images in an image folder, decompression bombs in webdataset shards. Where a message gives
+a fix, a test follows it."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import sys
 import warnings
@@ -13,12 +16,15 @@ import numpy as np
 import pytest
 from bad_files import HUGE_ADAPTER, write_16_bit_png, write_bomb_png
 from PIL import Image
+from wds_samples import wds_spec, write_shard
 
 from betonbuild.config.load import load_config
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import SampleError, SourceError
 from betonbuild.sources import open_source
 from betonbuild.sources.python import ORDER_BYTES_PER_SAMPLE, physical_memory
+from betonbuild.sources.shards import shard_list
+from betonbuild.sources.webdataset import WebDatasetSource
 from betonbuild.workflow.stages import make_source_manifest
 from betonbuild.write.contract import check_sample
 
@@ -170,7 +176,7 @@ def test_a_decompression_bomb_names_the_file_its_pixels_the_limit_and_how_to_rai
         f"image file {bomb} is 900,000,000 pixels, above PIL's decompression-bomb limit of {2 * limit:,} pixels "
         f"(PIL.Image.MAX_IMAGE_PIXELS = {limit:,}"
     ) in error.why
-    assert "resize the file" in error.fix and "`PIL.Image.MAX_IMAGE_PIXELS = 900000000`" in error.fix
+    assert "resize it" in error.fix and "`PIL.Image.MAX_IMAGE_PIXELS = 900000000`" in error.fix
     assert "adapter" not in error.fix
     source[0]  # the other images still load
 
@@ -190,6 +196,47 @@ def test_a_bomb_warning_made_an_error_is_the_same_message_and_raising_the_limit_
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         image, _ = source[0]
     assert image.size == (64, 64)
+
+
+# --- webdataset shards: decompression bombs ------------------------------------------------------
+
+BOMB_PIPELINE = """
+import PIL.Image
+
+PIL.Image.MAX_IMAGE_PIXELS = 4096  # what the message says
+
+
+def decoded(dataset):
+    return dataset.decode("rgb8").to_tuple("jpg;png", "cls", "json")
+"""
+
+
+def test_a_bomb_in_a_shard_names_the_member_and_raising_the_limit_in_a_pipeline_as_it_says_loads(
+    tmp_path: Path, monkeypatch
+):
+    pytest.importorskip("webdataset")
+    monkeypatch.chdir(tmp_path)
+    samples = [{"__key__": f"k{i}", "png": png_bytes(64), "cls": i, "json": {}} for i in range(3)]
+    write_shard(tmp_path / "s" / "p-0.tar", samples)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # a 64x64 image (4096 pixels) is above twice that
+    spec = wds_spec("s/p-0.tar")
+    Path("shards.json").write_text(json.dumps(shard_list(spec, "cache.json")))
+    error = sample_error(lambda: WebDatasetSource(spec, "shards.json")[1])
+    assert (error.dataset, error.field, error.index) == ("d", "image", 1)
+    assert error.location == "shard s/p-0.tar, key k1"
+    assert "its 'png' member is 4,096 pixels, above PIL's decompression-bomb limit of 2,000 pixels" in error.why
+    assert "`pipeline:`" in error.fix and "`PIL.Image.MAX_IMAGE_PIXELS = 4096`" in error.fix
+    (tmp_path / "bb_bomb_pipeline.py").write_text(BOMB_PIPELINE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    followed = wds_spec("s/p-0.tar", pipeline="bb_bomb_pipeline:decoded")
+    image, label, _ = WebDatasetSource(followed, "shards.json")[1]
+    assert image.shape == (64, 64, 3) and label == 1
+
+
+def png_bytes(side: int) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(np.zeros((side, side, 3), dtype=np.uint8)).save(out, format="PNG")
+    return out.getvalue()
 
 
 # --- image folders: 16-bit greyscale -------------------------------------------------------------
