@@ -8,8 +8,13 @@ from betonbuild.workflow import rerun
 from betonbuild.workflow.locks import clear_stale_locks, record_lock_owner
 from betonbuild._compat.snakemake_timers import cancel_idle_timers
 from betonbuild.provenance import installed_ffcv_build
-from betonbuild.sources import input_files, missing_package, needs_shard_list
-from betonbuild.sources import shard_files as source_shard_files
+from betonbuild.sources import (
+    input_files,
+    missing_package,
+    needs_file_list,
+    needs_shard_list,
+)
+from betonbuild.sources import listed_files_signature as source_listed_files_signature
 from betonbuild.config.load import SCHEMA_PATH, check_no_duplicate_keys, load_config
 
 # Our own checks first: they name the dataset and key (e.g. a field name longer than 16 bytes).
@@ -89,6 +94,8 @@ def stage_benchmarks(wildcards):
     stages += ["verify"]
     if needs_shard_list(DATASETS[wildcards.ds]):
         stages.insert(0, "shard_list")
+    if needs_file_list(DATASETS[wildcards.ds]):
+        stages.insert(0, "file_list")
     paths = [benchmark_path(stage).format(ds=wildcards.ds) for stage in stages]
     if partitioned:
         paths[-2:-2] = [
@@ -106,21 +113,25 @@ def part_benchmark_path(stage):
 def source_inputs(wildcards):
     """The files a dataset is read from, and the user's adapter module: editing them rebuilds it.
 
-    A webdataset source is read through its shard list (whose inputs are the shards)."""
+    A webdataset source is read through its shard list, an image folder through its file list:
+    one file each, whatever the number of shards or images (their rules track those)."""
     spec = DATASETS[wildcards.ds]
-    shards = (
-        [result("shards.json").format(ds=wildcards.ds)]
-        if needs_shard_list(spec)
-        else []
-    )
-    return shards + input_files(spec)
+    listings = [
+        result(name).format(ds=wildcards.ds)
+        for name, needed in (
+            ("shards.json", needs_shard_list(spec)),
+            ("files.tsv", needs_file_list(spec)),
+        )
+        if needed
+    ]
+    return listings + input_files(spec)
 
 
-def shard_files(wildcards):
-    """The local .tar shards of a webdataset source (brace patterns and globs expanded); none
-    without the webdataset package: the shard_list job itself then fails with the clear message.
-    """
-    return source_shard_files(DATASETS[wildcards.ds])
+def listed_files(wildcards):
+    """The shard or file list's parameter: a digest of its files' names, sizes, mtimes and inodes
+    (no file opened), so that its job reruns exactly when one of them changes. Not one input per
+    file: a million inputs would cost every dry run minutes."""
+    return source_listed_files_signature(DATASETS[wildcards.ds])
 
 
 def manifest(wildcards):

@@ -30,6 +30,10 @@ def source_manifest_runtime(wildcards, input, attempt):
     return resources.source_manifest_runtime(list(input), attempt)
 
 
+def listing_runtime(wildcards, attempt):
+    return resources.listing_runtime(DATASETS[wildcards.ds], attempt)
+
+
 def write_mem_mb(wildcards, input, threads, attempt):
     return resources.write_mem_mb(*_estimate(wildcards, input), threads, attempt)
 

@@ -1,9 +1,8 @@
 rule shard_list:
     """A webdataset source's shards: size, mtime, sha256, sample count and keys of each, counted
     from tar headers without decoding (cached per shard, so one changed shard is recounted alone).
+    Reruns when a shard's stat changes (the `files` parameter), not through one input per shard.
     """
-    input:
-        shard_files,
     output:
         shards=result("shards.json"),
     log:
@@ -15,11 +14,36 @@ rule shard_list:
     threads: 1
     resources:
         mem_mb=source_manifest_mem_mb,
-        runtime=source_manifest_runtime,
+        runtime=listing_runtime,
     params:
         spec=write_spec,
+        files=listed_files,
     script:
         "../scripts/shard_list.py"
+
+
+rule file_list:
+    """An image folder's files: name, size, mtime, inode and sha256 of each, hashed only where
+    they changed since the last listing (betonbuild/sources/folder_listing.py). Every later job
+    reads the folder through this list. Reruns when a file's stat changes (the `files` parameter).
+    """
+    output:
+        files=result("files.tsv"),
+    log:
+        log_path("file_list"),
+    benchmark:
+        benchmark_path("file_list")
+    conda:
+        "../envs/ffcv.yaml"
+    threads: 1
+    resources:
+        mem_mb=source_manifest_mem_mb,
+        runtime=listing_runtime,
+    params:
+        spec=write_spec,
+        files=listed_files,
+    script:
+        "../scripts/file_list.py"
 
 
 checkpoint source_manifest:

@@ -25,7 +25,7 @@ from betonbuild.sources.adapters import import_factory, reference_files
 from betonbuild.sources.arrays import ArraysSource
 from betonbuild.sources.base import Source
 from betonbuild.sources.files import fingerprint_files, sha256_file
-from betonbuild.sources.image_folder import ImageFolderSource, list_image_folder
+from betonbuild.sources.image_folder import ImageFolderSource
 from betonbuild.sources.python import PythonSource
 from betonbuild.sources.shards import SHARD_LIST
 from betonbuild.sources.webdataset import WebDatasetSource
@@ -47,8 +47,9 @@ __all__ = [
     "gathers_fixed_values_one_by_one",
     "import_factory",
     "input_files",
-    "list_image_folder",
+    "listed_files_signature",
     "missing_package",
+    "needs_file_list",
     "needs_shard_list",
     "open_source",
     "sha256_file",
@@ -89,6 +90,16 @@ def input_files(spec: DatasetSpec) -> list[str]:
 def needs_shard_list(spec: DatasetSpec) -> bool:
     """The source is read through results/{ds}/shards.json (the shard_list rule's output)."""
     return source_class(spec).needs_shard_list
+
+
+def needs_file_list(spec: DatasetSpec) -> bool:
+    """The source is read through results/{ds}/files.tsv (the file_list rule's output)."""
+    return source_class(spec).needs_file_list
+
+
+def listed_files_signature(spec: DatasetSpec) -> str:
+    """The stat digest of the files the dataset's listing is derived from (its listing rule's parameter)."""
+    return source_class(spec).listed_files_signature(spec)
 
 
 def shard_files(spec: DatasetSpec) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from betonbuild.config.spec import DatasetSpec, FieldSpec
-from betonbuild.sources.files import count_files, fingerprint_files
+from betonbuild.sources.files import count_files, fingerprint_files, stat_signature
 
 
 class Source:
@@ -28,6 +28,8 @@ class Source:
     may_import_ffcv: ClassVar[bool] = False
     # Read through results/{ds}/shards.json, a listing derived from the source's files first
     needs_shard_list: ClassVar[bool] = False
+    # Read through results/{ds}/files.tsv, the listing of its many files (none of them a Snakemake input)
+    needs_file_list: ClassVar[bool] = False
     # fixed_columns() holds every fixed-size field: verification need not gather values one by one
     gives_fixed_columns: ClassVar[bool] = False
     # A part's fingerprint hashes every byte of its content: a partitioned source's fingerprint is
@@ -66,6 +68,13 @@ class Source:
         return []
 
     @classmethod
+    def listed_files_signature(cls, spec: DatasetSpec) -> str:
+        """A digest of the name, size, mtime and inode of every file the source's listing (shard list,
+        file list) is derived from, no file opened: the listing rule's parameter, so that its job
+        reruns exactly when one of them changes, however many files there are. Empty without a listing."""
+        return stat_signature(cls.shard_files(spec)) if cls.needs_shard_list else ""
+
+    @classmethod
     def missing_package(cls, spec: DatasetSpec) -> bool:
         """An optional package the kind needs is not installed (asked without importing it)."""
         return False
@@ -74,6 +83,11 @@ class Source:
     def estimated_length(cls, spec: DatasetSpec) -> int | None:
         """The source's length from the config and file headers alone, or None if unknown."""
         return None
+
+    @classmethod
+    def estimated_bytes(cls, spec: DatasetSpec) -> int:
+        """Bytes of the source's input files, from the file system alone (for time estimates)."""
+        return sum(os.path.getsize(f) for f in cls.input_files(spec) if os.path.isfile(f))
 
     @classmethod
     def resident_bytes(cls, spec: DatasetSpec) -> int:

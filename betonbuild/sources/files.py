@@ -16,6 +16,19 @@ def require_files(dataset: str, files: list[str]) -> None:
             raise SourceError(dataset, f"source file {path} does not exist (working directory {os.getcwd()})")
 
 
+def stat_signature(paths: list[str]) -> str:
+    """A digest of each path's size, mtime and inode (a missing file counts as missing): what changes
+    when a file is added, removed or rewritten, without opening one."""
+    digest = hashlib.sha256()
+    for path in paths:
+        try:
+            stat = os.stat(path)
+            digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\n".encode())
+        except OSError:
+            digest.update(f"{path}\0missing\n".encode())
+    return digest.hexdigest()
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()

@@ -12,6 +12,8 @@ import numpy as np
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
 from betonbuild.sources.base import Source
+from betonbuild.sources.files import count_files, fingerprint_files
+from betonbuild.sources.folder_listing import LISTING, FolderListing, read_listing, scan_folder, scanned
 from betonbuild.sources.image_limits import decompression_bomb
 
 FIELD_TYPES = ["rgb_image", "int"]  # what a sample is: (image, label)
@@ -34,17 +36,38 @@ class ImageFolderSource(Source):
         },
     }
     may_import_ffcv = False
+    needs_file_list = True
     gives_fixed_columns = True  # the labels; the image is the one variable-size field
 
-    def __init__(self, spec: DatasetSpec):
+    def __init__(self, spec: DatasetSpec, listing: FolderListing | None = None):
+        """From the file_list job's ``listing`` (every job of a workflow run), else scanned now (the CLI)."""
         self.spec = spec
         self.root = Path(spec.source["root"])
-        if not self.root.is_dir():
-            raise SourceError(spec.name, f"image folder {self.root} does not exist (working directory {os.getcwd()})")
-        self.classes, self.items = list_image_folder(self.root, spec.source["extensions"])
-        if not self.items:
+        self.from_listing = listing is not None
+        if listing is None:
+            if not self.root.is_dir():
+                raise SourceError(
+                    spec.name, f"image folder {self.root} does not exist (working directory {os.getcwd()})"
+                )
+            listing = scan_folder(spec.name, self.root, spec.source["extensions"])
+        if not len(listing):
             raise SourceError(spec.name, f"image folder {self.root} has no images in class sub-folders")
-        self.files = [str(self.root / rel) for rel, _ in self.items]
+        self.listing = listing
+        self.classes = listing.classes
+
+    @classmethod
+    def open(cls, spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None) -> ImageFolderSource:
+        listed = Path(dataset_dir) / LISTING if dataset_dir is not None else None
+        return cls(spec, read_listing(spec.name, listed) if listed and listed.exists() else None)
+
+    @property
+    def items(self) -> list[tuple[str, int]]:
+        """(relative path, class index) of every image, in order."""
+        return list(zip(self.listing.rels, self.listing.labels.tolist(), strict=True))
+
+    @property
+    def files(self) -> list[str]:
+        return [self.listing.path(i) for i in range(len(self.listing))]
 
     @classmethod
     def check_config(
@@ -59,23 +82,35 @@ class ImageFolderSource(Source):
 
     @classmethod
     def input_files(cls, spec: DatasetSpec) -> list[str]:
-        root = Path(spec.source["root"])
-        if not root.is_dir():
-            return [str(root)]  # missing: Snakemake reports it as a missing input
-        return [str(root / rel) for rel, _ in list_image_folder(root, spec.source["extensions"])[1]]
+        """None of the images: the folder is tracked through its file list (``listed_files_signature``)."""
+        return []
+
+    @classmethod
+    def listed_files_signature(cls, spec: DatasetSpec) -> str:
+        listing = cls._scanned(spec)
+        return listing.signature() if listing is not None else "missing"
 
     @classmethod
     def estimated_length(cls, spec: DatasetSpec) -> int | None:
-        return len(cls.input_files(spec))
+        listing = cls._scanned(spec)
+        return len(listing) if listing is not None else None
+
+    @classmethod
+    def estimated_bytes(cls, spec: DatasetSpec) -> int:
+        listing = cls._scanned(spec)
+        return int(listing.sizes.sum()) if listing is not None else 0
+
+    @classmethod
+    def _scanned(cls, spec: DatasetSpec) -> FolderListing | None:
+        return scanned(spec.name, spec.source["root"], tuple(spec.source["extensions"]))
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.listing)
 
     def __getitem__(self, index: int) -> tuple:
         from PIL import Image, UnidentifiedImageError
 
-        rel, label = self.items[index]
-        path = self.root / rel
+        path, label = self._checked_path(index), int(self.listing.labels[index])
         try:
             image = Image.open(path)
             image.load()
@@ -91,41 +126,56 @@ class ImageFolderSource(Source):
         )
         return SampleError(self.spec.name, self.spec.field_names[0], index, message, fix)
 
+    def _checked_path(self, index: int) -> Path:
+        """The image's path; read from a listing, a file changed since is refused (SourceError)."""
+        path = self.root / self.listing.rels[index]
+        if self.from_listing:
+            try:
+                stat = os.stat(path)
+            except OSError as exc:
+                raise SampleError(
+                    self.spec.name, self.spec.field_names[0], index, f"cannot read {path}: {exc.strerror}"
+                ) from None
+            changed = self.listing.changed_since_listed(index, stat)
+            if changed:
+                raise SampleError(self.spec.name, self.spec.field_names[0], index, changed, "run snakemake again")
+        return path
+
     def sample_sizes(self) -> np.ndarray:
-        return np.array([os.path.getsize(f) for f in self.files], dtype=np.int64)
+        return self.listing.sizes
 
     def fixed_columns(self) -> dict[str, Any]:
         """The labels (the second field), indexed by source index."""
-        labels = np.array([label for _, label in self.items], dtype=np.int64)
-        return {self.spec.fields[1].name: labels}
+        return {self.spec.fields[1].name: self.listing.labels}
 
     def encoded_image(self, index: int) -> np.ndarray | None:
         """The image file's bytes as they are on disk (None if it cannot be read)."""
         try:
-            with open(self.files[index], "rb") as fh:
+            with open(self._checked_path(index), "rb") as fh:
                 return np.frombuffer(fh.read(), dtype=np.uint8)
-        except OSError:
+        except (OSError, SampleError):
             return None
+
+    def inputs_fingerprint(self, read_files: bool = True) -> dict[str, Any]:
+        """From the listing's sha256 when opened from one (no image is read), else every file hashed."""
+        if not self.listing.sha256:
+            if not read_files:
+                return count_files(self.files)
+            self.listing.sha256 = fingerprint_files(self.files)["file_sha256"]
+        combined = hashlib.sha256()
+        for i, (size, digest) in enumerate(zip(self.listing.sizes.tolist(), self.listing.sha256, strict=True)):
+            combined.update(f"{self.listing.path(i)}\0{size}\0{digest}\n".encode())
+        return {
+            "files": len(self.listing),
+            "bytes": int(self.listing.sizes.sum()),
+            "sha256": combined.hexdigest(),
+            "file_sha256": self.listing.sha256,
+        }
 
     def part_fingerprint(self, rows: np.ndarray, inputs: dict[str, Any]) -> str:
         """The relative path, label and sha256 (from ``inputs``) of every image file of the rows."""
-        digests = inputs["file_sha256"]
+        digests, rels, labels = inputs["file_sha256"], self.listing.rels, self.listing.labels.tolist()
         digest = hashlib.sha256()
         for row in rows.tolist():
-            rel, label = self.items[row]
-            digest.update(f"{rel}\0{label}\0{digests[row]}\n".encode())
+            digest.update(f"{rels[row]}\0{labels[row]}\0{digests[row]}\n".encode())
         return digest.hexdigest()
-
-
-def list_image_folder(root: Path, extensions: list[str]) -> tuple[list[str], list[tuple[str, int]]]:
-    """(classes, [(relative path, class index)]) in a stable, sorted order."""
-    wanted = {e.lower() for e in extensions}
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    items = []
-    for label, name in enumerate(classes):
-        for dirpath, dirnames, filenames in os.walk(root / name):
-            dirnames.sort()
-            for filename in sorted(filenames):
-                if Path(filename).suffix.lower() in wanted and not filename.startswith("."):
-                    items.append((os.path.relpath(os.path.join(dirpath, filename), root), label))
-    return classes, items

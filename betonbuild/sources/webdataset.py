@@ -147,6 +147,10 @@ class WebDatasetSource(Source):
     def missing_package(cls, spec: DatasetSpec) -> bool:
         return not webdataset_installed()
 
+    @classmethod
+    def estimated_bytes(cls, spec: DatasetSpec) -> int:
+        return sum(os.path.getsize(f) for f in cls.shard_files(spec) if os.path.isfile(f))
+
     # webdataset (which imports torch) only once samples are read: the shard list and the manifest
     # do not need it
     @functools.cached_property

@@ -31,7 +31,7 @@ import numpy as np
 from betonbuild.config.spec import ORDER_BYTES_PER_SAMPLE, DatasetSpec, count_indices
 from betonbuild.errors import SourceError
 from betonbuild.fields import field_kind, metadata_type
-from betonbuild.sources import gathers_fixed_values_one_by_one, input_files, source_class
+from betonbuild.sources import adapter_files, gathers_fixed_values_one_by_one, source_class
 from betonbuild.verify import CHUNK_ROWS, resolve_mode
 
 MB = 1 << 20
@@ -115,7 +115,7 @@ def input_bytes(spec: DatasetSpec, manifest: dict[str, Any] | None) -> int:
     """Bytes of the source's input files: from the manifest, else from the files on disk."""
     if manifest:
         return int(manifest["inputs"]["bytes"])
-    return sum(os.path.getsize(f) for f in input_files(spec) if os.path.isfile(f))
+    return source_class(spec).estimated_bytes(spec) + _files_bytes(adapter_files(spec))
 
 
 def _mb(nbytes: float) -> int:
@@ -175,8 +175,14 @@ def check_manifest_memory(spec: DatasetSpec, length: int, declared_mb: int) -> N
 
 
 def source_manifest_runtime(input_paths, attempt: int = 1) -> int:
-    """Every input file of the job is read once and hashed (also the shards, by shard_list)."""
+    """Every input file of the job is read once and hashed (the listings' files by their own jobs)."""
     return _minutes(_files_bytes(input_paths) / MB / READ_MB_PER_S, attempt)
+
+
+def listing_runtime(spec: DatasetSpec, attempt: int = 1) -> int:
+    """shard_list, file_list: every shard or image file read and hashed (the first time; later only
+    the changed ones)."""
+    return _minutes(source_class(spec).estimated_bytes(spec) / MB / READ_MB_PER_S, attempt)
 
 
 def write_threads(spec: DatasetSpec, cores: int) -> int:

@@ -22,6 +22,7 @@ from betonbuild.errors import MergeError, SampleError, SourceError, Verification
 from betonbuild.fields.custom import custom_handlers
 from betonbuild.provenance import ffcv_build
 from betonbuild.sources import open_source, source_class, source_fingerprint
+from betonbuild.sources.folder_listing import scan_folder, write_listing
 from betonbuild.sources.shards import shard_list
 from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
 from betonbuild.workflow.partitions import (
@@ -44,6 +45,25 @@ def make_shard_list(spec: DatasetSpec, shard_list_path: str) -> dict[str, Any]:
     listing = shard_list(spec, Path(shard_list_path).with_name(".shards-cache.json"))
     write_json(shard_list_path, listing)
     return listing
+
+
+def make_file_list(spec: DatasetSpec, file_list_path: str, log=sys.stderr) -> None:
+    """results/{ds}/files.tsv of an image folder: every file, its stat and sha256 (hashed only where
+    it changed since the last listing)."""
+    started = time.monotonic()
+    root = Path(spec.source["root"])
+    if not root.is_dir():
+        raise SourceError(spec.name, f"image folder {root} does not exist (working directory {Path.cwd()})")
+    listing = scan_folder(spec.name, root, spec.source["extensions"])
+    if not len(listing):
+        raise SourceError(spec.name, f"image folder {root} has no images in class sub-folders")
+    hashed = write_listing(spec.name, listing, file_list_path)
+    print(
+        f"{spec.name}: {len(listing)} files listed, {hashed} of them hashed (new or changed) "
+        f"in {time.monotonic() - started:.2f} s",
+        file=log,
+        flush=True,
+    )
 
 
 def make_source_manifest(

@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import BIN, SNAKEFILE, make_digits_npz, make_photo_folder, run_snakemake, write_config
+from PIL import Image
 
 from betonbuild.workflow.status import plan
 
 ALL_STAGES = {"source_manifest", "smoke", "verify_smoke", "write", "verify", "report_assets"}
+FOLDER_STAGES = ALL_STAGES | {"file_list"}  # an image folder is read through its file list
 
 ADAPTER = """
 import numpy as np
@@ -146,10 +148,34 @@ def test_changed_source_content_rebuilds_only_that_dataset(project):
 def test_an_added_and_a_removed_image_rebuild_only_the_image_dataset(project):
     extra = project / "photos" / "coffee" / "extra.png"
     extra.write_bytes((project / "photos" / "coffee" / "0.png").read_bytes())
-    assert ran(run_snakemake(project, "all")) == {"photos": ALL_STAGES}
+    assert ran(run_snakemake(project, "all")) == {"photos": FOLDER_STAGES}
     assert json.loads((project / "results/photos/photos.verify.json").read_text())["num_samples"]["found"] == 5
     extra.unlink()
-    assert ran(run_snakemake(project, "all")) == {"photos": ALL_STAGES}
+    assert ran(run_snakemake(project, "all")) == {"photos": FOLDER_STAGES}
+
+
+def test_a_touched_image_is_listed_again_and_nothing_is_rewritten(project):
+    """Its stat changed, its content did not: the file list and the manifest rerun (the list hashes
+    that one file again), the manifest comes out the same, and no .beton is rewritten."""
+    beton = project / "results/photos/photos.beton"
+    before = beton.stat().st_mtime_ns
+    os.utime(project / "photos" / "coffee" / "0.png")
+    assert ran(run_snakemake(project, "all")) == {"photos": {"file_list", "source_manifest", "report_assets"}}
+    assert "4 files listed, 1 of them hashed" in (project / "logs/file_list/photos.log").read_text()
+    assert beton.stat().st_mtime_ns == before
+
+
+def test_an_image_rewritten_in_place_rebuilds_its_dataset(project):
+    target = project / "photos" / "astronaut" / "1.png"
+    original = target.read_bytes()
+    pixels = np.asarray(Image.open(target)).copy()
+    pixels[0, 0] ^= 1
+    Image.fromarray(pixels).save(target)
+    try:
+        assert ran(run_snakemake(project, "all")) == {"photos": FOLDER_STAGES}
+    finally:
+        target.write_bytes(original)
+        run_snakemake(project, "all")
 
 
 def test_identical_rewrite_of_a_small_source_rebuilds_nothing(project):
@@ -184,7 +210,7 @@ def test_editing_one_datasets_fields_rebuilds_only_it(project):
     config["photos"]["fields"]["image"]["max_resolution"] = 12
     write_config(project, config)
     try:
-        assert ran(run_snakemake(project, "all")) == {"photos": ALL_STAGES}
+        assert ran(run_snakemake(project, "all")) == {"photos": FOLDER_STAGES}
     finally:
         write_config(project, base_datasets())
         run_snakemake(project, "all")

@@ -342,11 +342,9 @@ def test_input_files_of_arrays_are_their_files_in_field_order(tmp_path: Path, di
     assert adapter_files(npy) == []
 
 
-def test_input_files_of_an_image_folder_are_its_images(photo_folder: Path):
-    (photo_folder / "coffee" / "notes.txt").write_text("x")
-    files = input_files(folder_spec(photo_folder))
-    assert files == [str(photo_folder / c / f"{k}.png") for c in ("astronaut", "coffee") for k in range(3)]
-    assert input_files(folder_spec(photo_folder / "missing")) == [str(photo_folder / "missing")]
+def test_an_image_folder_has_no_input_per_image(photo_folder: Path):
+    """Tracked through its file list instead (tests/unit/sources/test_folder_listing.py)."""
+    assert input_files(folder_spec(photo_folder)) == []
 
 
 def test_fingerprint_changes_when_a_files_content_changes(tmp_path: Path):
@@ -373,12 +371,12 @@ def test_fingerprint_depends_on_file_paths_and_order(tmp_path: Path):
 
 def test_fingerprint_of_real_image_files_follows_an_edit(photo_folder: Path):
     spec = folder_spec(photo_folder)
-    before = fingerprint_files(input_files(spec))
+    before = open_source(spec).inputs_fingerprint()
     target = photo_folder / "coffee" / "2.png"
     pixels = np.asarray(Image.open(target)).copy()
     pixels[0, 0] ^= 1
     Image.fromarray(pixels).save(target)
-    assert fingerprint_files(input_files(spec))["sha256"] != before["sha256"]
+    assert open_source(spec).inputs_fingerprint()["sha256"] != before["sha256"]
 
 
 def test_sha256_file_matches_hashlib(tmp_path: Path):

@@ -1,0 +1,186 @@
+"""An image folder's file list: scanned once per run, hashed once per file, read by every job.
+
+A folder of a million images must not be a million Snakemake inputs (every dry run and no-op run
+would stat and record them all, minutes before any job starts). Instead:
+
+- ``scan_folder`` lists ``root/<class>/...`` with ``os.scandir``: names, sizes, mtimes and inodes,
+  no file opened. Its ``signature`` is the ``file_list`` rule's parameter, so Snakemake reruns that
+  job exactly when a file is added, removed, renamed or rewritten, and a no-op run reads no image.
+- the ``file_list`` job writes ``results/{ds}/files.tsv`` (``write_listing``): every file with its
+  sha256, hashed only where size, mtime or inode changed since the last listing (``.files-cache.tsv``
+  beside it). The source manifest fingerprints the folder from it without reading an image.
+- every later job opens the folder from that listing (``read_listing``), the same files in the
+  same order, and refuses a file whose size or mtime changed since (``FolderListing.changed_since_listed``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from betonbuild.atomic import atomic_path
+from betonbuild.errors import SourceError
+from betonbuild.sources.files import sha256_file
+
+LISTING = "files.tsv"
+CACHE = ".files-cache.tsv"
+FORMAT = "betonbuild image folder listing 1"
+
+
+@dataclass
+class FolderListing:
+    root: Path
+    classes: list[str]
+    rels: list[str]  # paths relative to root: classes in sorted order, each walked in sorted order
+    labels: np.ndarray  # int64, the class index of each file
+    sizes: np.ndarray  # int64
+    mtimes: np.ndarray  # int64, st_mtime_ns
+    inodes: np.ndarray  # int64
+    sha256: list[str] | None = None  # per file, once hashed (write_listing, read_listing)
+
+    def __len__(self) -> int:
+        return len(self.rels)
+
+    def signature(self) -> str:
+        """A digest of every file's name, size, mtime and inode (no content): changes when any file does."""
+        digest = hashlib.sha256("\n".join(self.rels).encode())
+        for column in (self.labels, self.sizes, self.mtimes, self.inodes):
+            digest.update(np.ascontiguousarray(column, dtype="<i8"))
+        return digest.hexdigest()
+
+    def path(self, index: int) -> str:
+        return str(self.root / self.rels[index])
+
+    def changed_since_listed(self, index: int, stat: os.stat_result) -> str | None:
+        """Why the file at ``index`` is not the file listed (its content may not be what the manifest
+        recorded), or None."""
+        if stat.st_size == self.sizes[index] and stat.st_mtime_ns == self.mtimes[index]:
+            return None
+        return (
+            f"image file {self.path(index)} changed after the folder was listed (now {stat.st_size} bytes, "
+            f"listed {int(self.sizes[index])}; or rewritten since): the folder changed during the build"
+        )
+
+
+def scan_folder(dataset: str, root: Path, extensions: list[str]) -> FolderListing:
+    """Every image file under ``root/<class>/`` (class = sorted sub-folder names), stat only."""
+    wanted = {e.lower() for e in extensions}
+    try:
+        classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    except OSError as exc:
+        raise SourceError(dataset, f"image folder {root} cannot be listed: {exc.strerror or exc}") from None
+    rels: list[str] = []
+    labels: list[int] = []
+    stats: list[tuple[int, int, int]] = []
+    for label, name in enumerate(classes):
+        before = len(rels)
+        _walk(dataset, root, name, wanted, rels, stats)
+        labels.extend([label] * (len(rels) - before))
+    columns = np.array(stats, dtype=np.int64).reshape(-1, 3)
+    return FolderListing(
+        root, classes, rels, np.array(labels, dtype=np.int64), columns[:, 0], columns[:, 1], columns[:, 2]
+    )
+
+
+def _walk(dataset: str, root: Path, rel_dir: str, wanted: set[str], rels: list, stats: list) -> None:
+    """The order ``os.walk`` gives (a folder's files sorted, then its sub-folders, sorted), with stats."""
+    subdirs = []
+    with os.scandir(root / rel_dir) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir():
+                subdirs.append(entry.name)
+            elif os.path.splitext(entry.name)[1].lower() in wanted:
+                try:
+                    stat = entry.stat()
+                except OSError as exc:  # a broken symbolic link, a file removed while listed
+                    raise SourceError(dataset, f"image file {entry.path} cannot be read: {exc.strerror}") from None
+                rels.append(f"{rel_dir}/{entry.name}")
+                stats.append((stat.st_size, stat.st_mtime_ns, stat.st_ino))
+    for name in subdirs:
+        _walk(dataset, root, f"{rel_dir}/{name}", wanted, rels, stats)
+
+
+@functools.cache
+def scanned(dataset: str, root: str, extensions: tuple[str, ...]) -> FolderListing | None:
+    """One scan per Snakemake process (its DAG asks for the signature and the length many times);
+    None if the folder does not exist (the file_list job then fails with the message)."""
+    if not os.path.isdir(root):
+        return None
+    return scan_folder(dataset, Path(root), list(extensions))
+
+
+def write_listing(dataset: str, listing: FolderListing, path: str | os.PathLike) -> int:
+    """Hashes the files (those unchanged since the cache beside ``path`` are not read again),
+    writes the listing to ``path`` and the cache; returns how many files were hashed."""
+    path = Path(path)
+    cache_path = path.with_name(CACHE)
+    cached = _read_cache(cache_path)
+    keys = [
+        (rel, int(size), int(mtime), int(inode))
+        for rel, size, mtime, inode in zip(listing.rels, listing.sizes, listing.mtimes, listing.inodes, strict=True)
+    ]
+    missing = [i for i, key in enumerate(keys) if key not in cached]
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        hashed = dict(zip(missing, pool.map(lambda i: _hash(dataset, listing, i), missing)))
+    listing.sha256 = [hashed[i] if i in hashed else cached[key] for i, key in enumerate(keys)]
+    header = {"format": FORMAT, "root": str(listing.root), "classes": listing.classes, "files": len(listing)}
+    for target in (path, cache_path):
+        with atomic_path(target) as tmp, open(tmp, "w") as fh:
+            fh.write(json.dumps(header) + "\n")
+            fh.writelines(
+                f"{rel}\t{label}\t{size}\t{mtime}\t{inode}\t{digest}\n"
+                for (rel, size, mtime, inode), label, digest in zip(keys, listing.labels.tolist(), listing.sha256)
+            )
+    return len(missing)
+
+
+def _hash(dataset: str, listing: FolderListing, index: int) -> str:
+    try:
+        return sha256_file(listing.path(index))
+    except OSError as exc:
+        raise SourceError(dataset, f"image file {listing.path(index)} cannot be read: {exc.strerror}") from None
+
+
+def _read_cache(path: Path) -> dict[tuple[str, int, int, int], str]:
+    """(relative path, size, mtime, inode) -> sha256 of the last listing; empty if none or unreadable."""
+    try:
+        with open(path) as fh:
+            next(fh)
+            return {
+                (rel, int(size), int(mtime), int(inode)): digest
+                for rel, _, size, mtime, inode, digest in (line.rstrip("\n").split("\t") for line in fh)
+            }
+    except (OSError, ValueError, StopIteration):
+        return {}
+
+
+def read_listing(dataset: str, path: str | os.PathLike) -> FolderListing:
+    """The listing the file_list job wrote: the files every later job of the dataset reads."""
+    with open(path) as fh:
+        header = json.loads(next(fh))
+        if header.get("format") != FORMAT:
+            raise SourceError(dataset, f"{path} is not a listing of this betonbuild version; run snakemake again")
+        rows = [line.rstrip("\n").split("\t") for line in fh]
+    if len(rows) != header["files"]:
+        raise SourceError(dataset, f"{path} lists {len(rows)} files, its header says {header['files']}")
+    rels = [row[0] for row in rows]
+    numbers = np.array([row[1:5] for row in rows], dtype=np.int64).reshape(-1, 4)
+    return FolderListing(
+        Path(header["root"]),
+        header["classes"],
+        rels,
+        numbers[:, 0],
+        numbers[:, 1],
+        numbers[:, 2],
+        numbers[:, 3],
+        [row[5] for row in rows],
+    )

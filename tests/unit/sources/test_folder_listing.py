@@ -1,0 +1,136 @@
+"""An image folder's file list (betonbuild.sources.folder_listing): the scan's order, the stat
+signature that reruns the file_list job, hashing only what changed, and jobs that read the
+folder through the listing refusing a file changed since."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from betonbuild.config.load import load_config
+from betonbuild.errors import SampleError, SourceError
+from betonbuild.sources import fingerprint_files, listed_files_signature, open_source
+from betonbuild.sources.folder_listing import LISTING, read_listing, scan_folder, write_listing
+from betonbuild.workflow.stages import make_file_list
+
+EXTENSIONS = [".jpg", ".jpeg", ".png"]
+
+
+def folder_spec(root: Path):
+    entry = {
+        "source": {"kind": "image_folder", "root": str(root)},
+        "fields": {"image": {"type": "rgb_image"}, "label": {"type": "int"}},
+    }
+    return load_config({"datasets": {"photos": entry}}).datasets["photos"]
+
+
+def walk_order(root: Path) -> list[str]:
+    """The order betonbuild listed folders in before the scan (os.walk, sorted), kept by the scan."""
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    found = []
+    for name in classes:
+        for dirpath, dirnames, filenames in os.walk(root / name):
+            dirnames.sort()
+            for filename in sorted(filenames):
+                if Path(filename).suffix.lower() in EXTENSIONS and not filename.startswith("."):
+                    found.append(os.path.relpath(os.path.join(dirpath, filename), root))
+    return found
+
+
+def image(path: Path, value: int = 0) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((8, 8, 3), value, dtype=np.uint8)).save(path)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    root = tmp_path / "photos"
+    for rel in ["b/2.png", "b/10.PNG", "a/x.png", "a/sub/y.png", "a/sub/deeper/z.jpg", "a/zz/w.png", "c/.hidden.png"]:
+        image(root / rel, len(rel))
+    (root / "a" / "notes.txt").write_text("not an image")
+    (root / ".cache").mkdir()
+    (root / "empty").mkdir()
+    return root
+
+
+def test_the_scan_lists_in_the_order_os_walk_gave(folder: Path):
+    listing = scan_folder("photos", folder, EXTENSIONS)
+    assert listing.rels == walk_order(folder)
+    assert listing.classes == ["a", "b", "c", "empty"]
+    assert listing.labels.tolist() == [0, 0, 0, 0, 1, 1]
+    assert listing.sizes.tolist() == [os.path.getsize(folder / rel) for rel in listing.rels]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda root: image(root / "b" / "3.png"),  # added
+        lambda root: (root / "b" / "2.png").unlink(),  # removed
+        lambda root: (root / "b" / "2.png").rename(root / "b" / "4.png"),  # renamed
+        lambda root: os.utime(root / "a" / "x.png", ns=(1, 1)),  # touched (or rewritten, same size)
+        lambda root: image(root / "a" / "x.png", 99),  # rewritten
+    ],
+)
+def test_the_signature_changes_with_any_image_and_nothing_else(folder: Path, change):
+    spec = folder_spec(folder)
+    before = scan_folder("photos", folder, EXTENSIONS).signature()
+    assert before == listed_files_signature(spec)
+    (folder / "a" / "more-notes.txt").write_text("x")
+    assert scan_folder("photos", folder, EXTENSIONS).signature() == before
+    change(folder)
+    assert scan_folder("photos", folder, EXTENSIONS).signature() != before
+
+
+def test_only_new_or_changed_files_are_hashed_again(folder: Path, tmp_path: Path):
+    target = tmp_path / "results" / LISTING
+    assert write_listing("photos", scan_folder("photos", folder, EXTENSIONS), target) == 6
+    assert write_listing("photos", scan_folder("photos", folder, EXTENSIONS), target) == 0
+    image(folder / "b" / "2.png", 200)
+    image(folder / "b" / "3.png")
+    listing = scan_folder("photos", folder, EXTENSIONS)
+    assert write_listing("photos", listing, target) == 2
+    read = read_listing("photos", target)
+    assert read.rels == listing.rels and read.classes == listing.classes
+    assert read.sha256 == fingerprint_files([str(folder / rel) for rel in listing.rels])["file_sha256"]
+    for column in ("labels", "sizes", "mtimes", "inodes"):
+        assert np.array_equal(getattr(read, column), getattr(listing, column))
+
+
+def test_a_source_read_through_its_listing_is_the_scanned_source(folder: Path, tmp_path: Path):
+    spec = folder_spec(folder)
+    make_file_list(spec, str(tmp_path / LISTING))
+    listed, scanned = open_source(spec, tmp_path), open_source(spec)
+    assert listed.from_listing and not scanned.from_listing
+    assert listed.items == scanned.items
+    assert listed.inputs_fingerprint() == scanned.inputs_fingerprint()  # from the listing, no image read
+    assert all(np.array_equal(np.asarray(listed[i][0]), np.asarray(scanned[i][0])) for i in range(len(listed)))
+
+
+def test_a_file_changed_after_the_listing_is_refused_naming_it(folder: Path, tmp_path: Path):
+    spec = folder_spec(folder)
+    make_file_list(spec, str(tmp_path / LISTING))
+    source = open_source(spec, tmp_path)
+    index = source.listing.rels.index("b/2.png")
+    shutil.copy(folder / "a" / "x.png", folder / "b" / "2.png")
+    os.utime(folder / "b" / "2.png", ns=(5, 5))
+    with pytest.raises(SampleError) as info:
+        source[index]
+    assert (info.value.dataset, info.value.field, info.value.index) == ("photos", "image", index)
+    assert f"image file {folder / 'b' / '2.png'} changed after the folder was listed" in str(info.value)
+    assert source.encoded_image(index) is None  # nor is its stored copy compared with a changed file
+    source[0]  # the others still read
+
+
+def test_a_missing_or_empty_folder_is_a_source_error_of_the_file_list_job(tmp_path: Path):
+    with pytest.raises(SourceError, match="image folder .*missing does not exist"):
+        make_file_list(folder_spec(tmp_path / "missing"), str(tmp_path / LISTING))
+    (tmp_path / "empty" / "cls").mkdir(parents=True)
+    with pytest.raises(SourceError, match="has no images in class sub-folders"):
+        make_file_list(folder_spec(tmp_path / "empty"), str(tmp_path / LISTING))
+    assert not (tmp_path / LISTING).exists()
+    assert listed_files_signature(folder_spec(tmp_path / "missing")) == "missing"
