@@ -136,7 +136,8 @@ def summary_html(spec: DatasetSpec, report_path: str, record_path: str, benchmar
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left;font-size:13px}}</style></head><body>
 <h2>{esc(spec.name)}: {esc(status)}</h2>
 <p>{report["num_samples"]["found"]} samples, {report["file"]["bytes"]:,} bytes, sha256 {esc(report["file"]["sha256"])},
-written by {record.get("num_workers")} worker(s) in {record.get("seconds")} s.</p>
+written by {record.get("num_workers")} worker(s) in {record.get("seconds")} s;
+content digest sha256 {esc(str(report.get("content_digest")))}.</p>
 <h3>Fields (in file order)</h3>{table(["name", "type", "arguments"], [r + [] for r in fields])}
 <p>ffcv type ids: {esc(json.dumps(type_ids))}</p>
 <h3>Verification checks</h3>{table(["outcome", "check", "detail"], checks)}

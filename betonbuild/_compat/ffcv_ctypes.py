@@ -28,22 +28,36 @@ CHECKED = (
 )
 
 
-@lru_cache(maxsize=1)
 def libffcv():
     """ffcv's compiled extension through ctypes, as ``ffcv.libffcv`` loads it (``CDLL(_libffcv.__file__)``),
-    found without importing the ffcv package (which imports torch: ~1 s of one core); None if absent."""
+    found without importing the ffcv package (which imports torch: ~1 s of one core); None if absent
+    (``libffcv_problem`` says why)."""
+    return _load_libffcv()[0]
+
+
+def libffcv_problem() -> str | None:
+    """Why ffcv's compiled library could not be loaded, or None when it was."""
+    return _load_libffcv()[1]
+
+
+@lru_cache(maxsize=1)
+def _load_libffcv():
+    """(the library, None), or (None, why not): verification reports which decoder it used and why."""
     import ctypes
     import glob
     import importlib.util
 
     found = importlib.util.find_spec("ffcv")
     if found is None or not found.submodule_search_locations:
-        return None
-    paths = sorted(glob.glob(os.path.join(list(found.submodule_search_locations)[0], "_libffcv*.so")))
+        return None, "the ffcv package is not installed"
+    folder = list(found.submodule_search_locations)[0]
+    paths = sorted(glob.glob(os.path.join(folder, "_libffcv*.so")))
+    if not paths:
+        return None, f"ffcv's compiled library _libffcv*.so is not in {folder}"
     try:
         lib = ctypes.CDLL(paths[0])
-    except (IndexError, OSError):
-        return None
+    except OSError as exc:
+        return None, f"loading ffcv's compiled library {paths[0]} failed: {exc}"
     c = ctypes
     lib.imdecode.argtypes = [
         c.c_void_p,
@@ -61,7 +75,7 @@ def libffcv():
         c.c_bool,
     ]  # as ffcv.libffcv
     lib.imdecode.restype = c.c_int
-    return lib
+    return lib, None
 
 
 @lru_cache(maxsize=1)

@@ -20,7 +20,7 @@ from betonbuild.beton.format import BetonFile
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError, BetonFormatError
 from betonbuild.fields import FIELD_KINDS, field_kind
-from betonbuild.verify.images import StoredImages, decode_source_image
+from betonbuild.verify.images import DecoderCount, StoredImages, decode_source_image
 from betonbuild.write.contract import check_sample, check_value
 
 CHUNK_ROWS = 4096  # positions compared at once: bounds the memory of the vectorised comparison
@@ -85,6 +85,7 @@ class Tally:
     fixed: dict[str, list[int]] = dc_field(default_factory=dict)  # name -> [compared, mismatches, first]
     variable: dict[str, dict[str, Any]] = dc_field(default_factory=dict)
     problems: list[tuple[int, str, str]] = dc_field(default_factory=list)  # (position, field, text)
+    decoders: dict[str, DecoderCount] = dc_field(default_factory=dict)  # image field -> who decoded its JPEGs
 
     def stats(self, name: str) -> dict[str, Any]:
         return self.variable.setdefault(name, {"compared": 0, "mismatches": 0})
@@ -103,6 +104,8 @@ class Tally:
         for name, theirs in other.variable.items():
             add_stats(self.stats(name), theirs)
         self.problems.extend(other.problems)
+        for name, count in other.decoders.items():
+            self.decoders.setdefault(name, DecoderCount()).add(count)
 
 
 def add_stats(mine: dict, theirs: dict, skip: tuple[str, ...] = ()) -> None:
@@ -159,9 +162,11 @@ def run_content(ctx: Context, pool: ThreadPoolExecutor) -> Tally:
 def _compare_chunk(ctx: Context, start: int, stop: int) -> Tally:
     chunk = Chunk(ctx, start, stop)
     try:
-        return _compare_positions(ctx, chunk, Tally())
+        tally = _compare_positions(ctx, chunk, Tally())
     finally:
         chunk.jpeg.close()
+    tally.decoders = {name: images.count() for name, images in chunk.images.items()}
+    return tally
 
 
 def _compare_positions(ctx: Context, chunk: Chunk, tally: Tally) -> Tally:

@@ -3,11 +3,13 @@ an image folder's source JPEGs as PIL decodes them (both through ``betonbuild._c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from functools import lru_cache
 
 import numpy as np
 
-from betonbuild._compat.ffcv_ctypes import TurboJPEG, ffcv_imdecode, libffcv, turbojpeg
+from betonbuild._compat.ffcv_ctypes import TurboJPEG, ffcv_imdecode, libffcv, libffcv_problem, turbojpeg
 from betonbuild.beton.format import IMAGE_MODE_RAW, BetonFile
 from betonbuild.beton.payloads import MAX_DECODED_PIXELS, decode_image, jpeg_dimensions
 
@@ -16,7 +18,9 @@ class StoredImages:
     """One chunk's stored images of one field, decoded the way ffcv's Loader decodes them.
 
     JPEGs go through ffcv's own libjpeg-turbo call (fast DCT, RGB out, GIL released), so the
-    reported pixel error is the error a Loader user gets; should it refuse a payload, cv2 decides.
+    reported pixel error is the error a Loader user gets. Where it returns non-zero, or its library
+    cannot be loaded, cv2 decodes instead, and ``imdecode`` records it (``count``): the report's
+    ``image_decoder`` check says so (``decoder_result``), never silently.
     Pointers, sizes and the JPEG's own dimensions are checked first, as ``beton.decode_image`` does.
     """
 
@@ -28,6 +32,9 @@ class StoredImages:
         )
         self.size = beton.image_sizes(name, np.arange(start, stop)).tolist()
         self.out = np.empty((0, 0, 3), dtype=np.uint8)  # reused: decode overwrites what it last returned
+        # position -> imdecode's return code (0: decoded by ffcv), None where its library is not loaded;
+        # per position, so a JPEG decoded twice (the fast source path, then the writer's) counts once
+        self.imdecode: dict[int, int | None] = {}
 
     def is_raw(self, position: int) -> bool:
         return self.mode[position - self.start] == IMAGE_MODE_RAW
@@ -47,9 +54,72 @@ class StoredImages:
         if self.out.shape != (height, width, 3):
             self.out = np.empty((height, width, 3), dtype=np.uint8)
         out = self.out
-        if ffcv_imdecode(payload, out, height, width) != 0:
-            return decode_image(self.beton, self.name, position)
+        code = ffcv_imdecode(payload, out, height, width) if libffcv() is not None else None
+        self.imdecode[position] = code
+        if code != 0:
+            return decode_image(self.beton, self.name, position)  # cv2, reported by ``decoder_result``
         return out
+
+    def count(self) -> DecoderCount:
+        rejected = sorted((p, c) for p, c in self.imdecode.items() if c not in (0, None))
+        ffcv = sum(c == 0 for c in self.imdecode.values())
+        return DecoderCount(ffcv, len(self.imdecode) - ffcv, rejected[:MAX_REJECTED])
+
+
+MAX_REJECTED = 5  # rejected images named per field and chunk
+
+
+@dataclass
+class DecoderCount:
+    """Which decoder decoded one field's stored JPEGs: ffcv's ``imdecode`` or, instead, cv2."""
+
+    ffcv_imdecode: int = 0
+    cv2_fallback: int = 0
+    rejected: list[tuple[int, int]] = dc_field(default_factory=list)  # (position, imdecode's code)
+
+    def add(self, other: DecoderCount) -> None:
+        self.ffcv_imdecode += other.ffcv_imdecode
+        self.cv2_fallback += other.cv2_fallback
+        self.rejected = sorted(self.rejected + other.rejected)[:MAX_REJECTED]
+
+
+def decoder_result(dataset: str, counts: dict[str, DecoderCount], indices: np.ndarray) -> tuple[bool, str, dict]:
+    """The ``image_decoder`` check: every stored JPEG decoded by ffcv's own ``imdecode``, as a training
+    job's Loader decodes it. A JPEG it returned non-zero for fails: ffcv's Loader ignores that code
+    and hands the job whatever libjpeg-turbo left in its buffer, which no comparison here has seen.
+    When the library cannot be loaded at all, cv2 decodes every JPEG and the check says so and why."""
+    fields, failures, notes = {}, [], []
+    reason = libffcv_problem()
+    for name, count in counts.items():
+        fields[name] = {"ffcv_imdecode": count.ffcv_imdecode, "cv2_fallback": count.cv2_fallback}
+        if count.cv2_fallback and reason:
+            fields[name]["reason"] = reason
+            notes.append(f"field '{name}': {count.cv2_fallback} JPEGs decoded by cv2, not by ffcv's imdecode")
+        for position, code in count.rejected:
+            failures.append(
+                f"dataset '{dataset}' field '{name}' sample {position} (source index {int(indices[position])}): "
+                f"ffcv's imdecode returned {code} for the stored JPEG (libjpeg-turbo refused it or warned); "
+                "cv2 decoded it for the comparison, but ffcv's Loader ignores that code and hands a training "
+                "job whatever the decoder left in its buffer"
+            )
+        if count.rejected:
+            fields[name]["reason"] = f"ffcv's imdecode returned non-zero for {count.cv2_fallback} JPEGs"
+    if failures:
+        target = f"results/{dataset}/{dataset}.verify.json"
+        fix = (
+            f"rewrite the file (`snakemake --forcerun write write_part --cores 32 {target}`): "
+            "ffcv's writer encodes each image with cv2, which ffcv's imdecode decodes"
+        )
+        return False, "; ".join(failures) + ". Fix: " + fix, {"fields": fields}
+    if notes:
+        why = f"{reason}; their pixel errors are cv2's, about 1 level from what ffcv's Loader decodes"
+        return True, "; ".join(notes) + ": " + why, {"fields": fields}
+    total = sum(c.ffcv_imdecode for c in counts.values())
+    return (
+        True,
+        f"all {total} stored JPEGs decoded by ffcv's own imdecode, as ffcv's Loader decodes them",
+        {"fields": fields},
+    )
 
 
 def jpeg_dimensions_fast(payload: np.ndarray) -> tuple[int, int] | None:

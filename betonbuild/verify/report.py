@@ -2,10 +2,12 @@
 
 Every report has the structural checks (``beton.structural_checks``), the fixed-size fields of
 EVERY sample (vectorised over a memmap of the file), the variable-size and custom fields of every
-sample (``mode: full``) or of a seeded sample of them (``mode: sample``), a content digest, one
-batch through the real ``ffcv.Loader``, and the writer's vs the reader's ffcv build. The content
-comparisons (``betonbuild.verify.content``) run on a thread pool over chunks of file positions
-(cv2, numpy and hashlib release the GIL).
+sample (``mode: full``) or of a seeded sample of them (``mode: sample``), which decoder decoded the
+stored JPEGs, one batch through the real ``ffcv.Loader``, and the writer's vs the reader's ffcv
+build. Every check can fail. The content digest is a value of the report (``content_digest``), not a
+check: it appears in ``checks`` only when it could not be computed. The content comparisons
+(``betonbuild.verify.content``) run on a thread pool over chunks of file positions (cv2, numpy and
+hashlib release the GIL).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from betonbuild.fields.custom import custom_handlers
 from betonbuild.provenance import build_differences, ffcv_build
 from betonbuild.sources import sha256_file
 from betonbuild.verify.content import Context, fixed_result, run_content, variable_result
-from betonbuild.verify.images import load_decoders
+from betonbuild.verify.images import decoder_result, load_decoders
 from betonbuild.verify.loader import LoaderProcess, check_loader_batch, import_ffcv, start_loader_process
-from betonbuild.verify.structure import allowed_empty, check_fields, check_structure
+from betonbuild.verify.structure import allowed_empty, check_fields, check_format_version, check_structure
 
 
 class Report:
@@ -133,6 +135,9 @@ def _verify_file(
     parts: list[dict] | None,
     child: LoaderProcess | None,
 ) -> None:
+    version = check_format_version(path)
+    if version is not None and not report.check("format_version", *version):
+        return  # the reader refuses any other version: nothing more can be read
     try:
         beton = BetonFile(path, custom_handlers=custom_handlers(spec))
     except BetonbuildError as exc:
@@ -140,7 +145,6 @@ def _verify_file(
         return
     result["num_samples"]["found"] = beton.num_samples
     result["fields"] = [{"name": f.name, "type": f.type_name, "type_id": f.type_id} for f in beton.fields]
-    report.check("format_version", beton.version == 2, f"version {beton.version}, page size {beton.page_size}")
     if not report.check(
         "num_samples", beton.num_samples == len(indices), f"file has {beton.num_samples}, expected {len(indices)}"
     ):
@@ -172,7 +176,12 @@ def _verify_file(
         report.run("fixed_fields", lambda: fixed_result(context, tally))
     for check in context.variable_checks() if tally is not None else []:
         report.run(check, lambda check=check: variable_result(context, tally, check))
-    report.run("content_digest", lambda: _digest_result(beton, leaves, result))
+    if tally is not None and tally.decoders:
+        report.run("image_decoder", lambda: decoder_result(spec.name, tally.decoders, indices))
+    try:
+        _record_digests(beton, leaves, result)
+    except Exception as exc:  # noqa: BLE001 - a digest that cannot be computed is a failed check, reported
+        report.check("content_digest", False, f"computing the content digest failed: {type(exc).__name__}: {exc}")
     if parts:
         report.run("parts", lambda: _parts_result(parts, part_leaves, beton.num_samples))
     if loader is None:
@@ -246,11 +255,10 @@ def _submit_leaves(pool: ThreadPoolExecutor, beton: BetonFile, start: int, stop:
     return [pool.submit(leaf, beton, a, b) for a, b in blocks(start, stop)]
 
 
-def _digest_result(beton: BetonFile, futures: list[Future], result: dict) -> tuple[bool, str]:
-    """The content digest, and from the same leaves the whole file's range digest: what a part's
-    report records (``range_digest(part, 0, n)``), so that nothing hashes the file a second time."""
+def _record_digests(beton: BetonFile, futures: list[Future], result: dict) -> None:
+    """The content digest (a value: the samples' content, independent of page layout and worker
+    count), and from the same leaves the whole file's range digest: what a part's report records
+    (``range_digest(part, 0, n)``), so that nothing hashes the file a second time."""
     leaves = [f.result() for f in futures]
-    digest = content_from_leaves(beton, leaves)
-    result["content_digest"] = digest
+    result["content_digest"] = content_from_leaves(beton, leaves)
     result["range_digest"] = range_from_leaves(leaves)
-    return True, f"sha256 {digest} over the samples' content (independent of page layout and worker count)"

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from betonbuild.beton.checks import structural_checks
-from betonbuild.beton.format import BetonFile
+from betonbuild.beton.format import FORMAT_VERSION, HEADER_TYPE, BetonFile
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.fields import describe_arguments, field_kind
+
+
+def check_format_version(path: str) -> tuple[bool, str] | None:
+    """The header's format version, read from the file's first bytes before the reader (which refuses
+    any other version) is built; None for a file too short for a header (the reader says so)."""
+    with open(path, "rb") as fh:
+        head = fh.read(HEADER_TYPE.itemsize)
+    if len(head) < HEADER_TYPE.itemsize:
+        return None
+    version = int(np.frombuffer(head, dtype=HEADER_TYPE)[0]["version"])
+    if version == FORMAT_VERSION:
+        return True, f"format version {version}, the version ffcv 1.0.2 writes and reads"
+    return False, (
+        f"{path}: the header says format version {version}, expected {FORMAT_VERSION}, the only version "
+        "ffcv 1.0.2's reader and Loader accept: the file was not written by this ffcv's DatasetWriter, or its "
+        "header is damaged. Fix: rewrite it with betonbuild (delete it and rerun the workflow)"
+    )
 
 
 def check_fields(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str, dict]:
@@ -14,11 +33,21 @@ def check_fields(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str, dict]:
     found = [(f.name, f.type_id) for f in beton.fields]
     arguments = {f.name: describe_arguments(f) for f in beton.fields if describe_arguments(f)}
     if found != expected:
-        return False, f"file has {found}, config says {expected}", {"arguments": arguments}
+        i = next(i for i in range(max(len(found), len(expected))) if found[i : i + 1] != expected[i : i + 1])
+        return (
+            False,
+            f"field {i} is {_described(found, i)} in the file, {_described(expected, i)} in the config "
+            f"(file has {found}, config says {expected})",
+            {"arguments": arguments},
+        )
     problems = [field_kind(field).descriptor_problem(field, info) for field, info in zip(spec.fields, beton.fields)]
     problems = [p for p in problems if p]
     detail = "; ".join(problems) or f"{len(found)} fields in config order with ffcv type ids {[t for _, t in found]}"
     return not problems, detail, {"arguments": arguments}
+
+
+def _described(fields: list[tuple[str, int]], i: int) -> str:
+    return f"'{fields[i][0]}' (ffcv type id {fields[i][1]})" if i < len(fields) else "absent"
 
 
 def allowed_empty(spec: DatasetSpec) -> tuple[str, ...]:

@@ -118,7 +118,15 @@ def test_numeric_dataset_gets_a_plot(reported):
 def test_summary_page_lists_fields_checks_provenance_and_timings(reported):
     page = (reported / "results/colours/report/summary.html").read_text()
     assert "colours: verified OK" in page
-    for text in ("rgb_image", "fixed_fields", "same_ffcv_build", "libffcv_sha256", "write", "verify"):
+    for text in (
+        "rgb_image",
+        "fixed_fields",
+        "same_ffcv_build",
+        "libffcv_sha256",
+        "write",
+        "verify",
+        "content digest sha256 ",
+    ):
         assert text in page
 
 

@@ -148,10 +148,11 @@ def test_full_report_of_every_field_kind_passes_with_its_statistics(project: Pat
         "fixed_fields",
         "variable_fields",
         "custom_fields",
-        "content_digest",
+        "image_decoder",
         "loader_batch",
         "same_ffcv_build",
     ]
+    assert check(report, "image_decoder")["fields"] == {"image": {"ffcv_imdecode": 40, "cv2_fallback": 0}}
     assert report["content_digest"] == content_digest(BetonFile(project / "m.beton", {"title": FixedUTF8Field}))
     assert report["range_digest"] == range_digest(BetonFile(project / "m.beton", {"title": FixedUTF8Field}), 0, 40)
     structure = {c["name"] for c in check(report, "allocations")["structure"]}
