@@ -1,10 +1,14 @@
 """``python -m bench.harness``: runs the benchmarks of issue 10 and records them (see bench/harness/__init__.py).
 
     .venv/bin/python -m bench.harness [--only 1 4] [--quick] [--pairs 5] [--tree COMMIT|worktree|DIR]
+    .venv/bin/python -m bench.harness --render
 
 By default it measures the last commit (``--tree HEAD``, or any commit: a ``git archive`` snapshot,
 byte-compiled), not the working tree, so that uncommitted edits in a shared checkout cannot leak
-into the figures and every figure names the commit it belongs to.
+into the figures and every figure names the commit it belongs to. It records into bench/results.json
+and renders bench/RESULTS.md's harness section and README.md's "Measured" section from it;
+``--render`` does only that, measuring nothing. ``--quick`` records into bench/cache/harness/
+(``results-quick.json``, ``RESULTS-quick.md``), never into the real figures.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from . import report
-from .runner import REPO, ContentMismatch, Context
+from .runner import REPO, ContentMismatch, Context, SideFailed
 
 MODULES = {
     1: "b1_jpeg_write",
@@ -35,6 +39,9 @@ MODULES = {
     8: "b8_workflow_scale",
 }
 GIB = 1 << 30
+MAIN_JSON = REPO / "bench" / "results.json"
+MAIN_MARKDOWN = REPO / "bench" / "RESULTS.md"
+QUICK_JSON, QUICK_MARKDOWN = Path("results-quick.json"), Path("RESULTS-quick.md")  # in --cache
 
 # name: (default, --quick) sizes. Defaults: a few minutes per benchmark on 2 cores.
 SIZES = {
@@ -71,12 +78,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--max-wait", type=float, default=10.0, help="...but at most this many seconds")
     parser.add_argument("--cache", type=Path, default=REPO / "bench" / "cache" / "harness")
-    parser.add_argument("--json", type=Path, default=REPO / "bench" / "results.json")
-    parser.add_argument("--markdown", type=Path, default=REPO / "bench" / "RESULTS.md")
+    parser.add_argument("--json", type=Path, help=f"default {MAIN_JSON} ({QUICK_JSON.name} in --cache with --quick)")
+    parser.add_argument(
+        "--markdown", type=Path, help=f"default {MAIN_MARKDOWN} ({QUICK_MARKDOWN.name} in --cache with --quick)"
+    )
+    parser.add_argument("--readme", type=Path, default=REPO / "README.md", help="its BENCH section is rewritten")
     parser.add_argument("--no-record", action="store_true", help="print only; leave results.json and RESULTS.md")
+    parser.add_argument(
+        "--render", action="store_true", help="measure nothing: rewrite RESULTS.md and README.md from results.json"
+    )
     for name, (default, _) in SIZES.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), help=f"default {default}")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.quick and args.render:
+        parser.error("--render renders the real figures; --quick has none")
+    quick_dir = args.cache if args.quick else None
+    args.json = args.json or (quick_dir / QUICK_JSON.name if quick_dir else MAIN_JSON)
+    args.markdown = args.markdown or (quick_dir / QUICK_MARKDOWN.name if quick_dir else MAIN_MARKDOWN)
+    if args.quick and {args.json.resolve(), args.markdown.resolve()} & {MAIN_JSON.resolve(), MAIN_MARKDOWN.resolve()}:
+        parser.error(f"--quick never records into {MAIN_JSON} or {MAIN_MARKDOWN}: its small sizes are no figures")
+    return args
 
 
 def measured_tree(choice: str, cache: Path) -> tuple[Path, str]:
@@ -105,8 +126,47 @@ def measured_tree(choice: str, cache: Path) -> tuple[Path, str]:
     return tree, f"{commit[:10]} ({subject[:60]})"
 
 
+def render_only(args: argparse.Namespace) -> int:
+    """``--render``: RESULTS.md's harness section and README's BENCH section from results.json, nothing measured."""
+    results = report.load_json(args.json)
+    report.update_markdown(args.markdown, results)
+    report.update_readme(args.readme, results)
+    print(f"rendered {args.markdown} and {args.readme} from {args.json}")
+    return 0
+
+
+def failure_entry(module, exc: BaseException) -> dict:
+    """What a failed benchmark records: FAILED, which side and command (when one side's process failed), the error."""
+    entry = {"id": module.ID, "name": module.NAME, "title": module.TITLE}
+    if isinstance(exc, ContentMismatch):
+        return {**entry, "status": "content mismatch", "reason": f"{exc}; no time counts", "failure": {}}
+    if isinstance(exc, SideFailed):
+        failure = {"side": exc.side, "side_command": exc.command, "exit": exc.exit_code, "error_tail": exc.tail}
+    else:
+        failure = {"error_tail": "".join(traceback.format_exception(exc))[-4000:]}
+    return {**entry, "status": "error", "reason": f"{type(exc).__name__}: {str(exc)[:500]}", "failure": failure}
+
+
+def record(args: argparse.Namespace, results: dict, entry: dict) -> None:
+    """Records ``entry``. A failure replaces the figures, never hides behind them: they are kept, labelled,
+    as its ``last_success``."""
+    previous = results["benchmarks"].get(entry["name"], {})
+    if report.failed(entry):
+        last = previous if previous.get("status") == "measured" else previous.get("last_success")
+        if last:
+            entry["last_success"] = last
+        results["last_run"].setdefault("errors", {})[entry["name"]] = entry["reason"]
+    results["benchmarks"][entry["name"]] = entry
+    report.save_json(args.json, results)
+    report.update_markdown(args.markdown, results)
+    if not args.quick:
+        report.update_readme(args.readme, results)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        return render_only(args)
     sizes = {
         name: getattr(args, name) if getattr(args, name) is not None else pair[int(args.quick)]
         for name, pair in SIZES.items()
@@ -130,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     command = "python -m bench.harness " + shlex.join(argv if argv is not None else sys.argv[1:])
     results = report.load_json(args.json)
+    if args.quick:
+        results["quick"] = True  # RESULTS-quick.md says so at its top
     results["last_run"] = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command.strip(),
@@ -145,25 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         started, load_before = time.monotonic(), os.getloadavg()[0]
         try:
             entry = module.run(ctx)
-        except ContentMismatch as exc:
-            failed += 1
-            entry = {
-                "id": number,
-                "name": module.NAME,
-                "title": module.TITLE,
-                "status": "content mismatch",
-                "reason": f"{exc}; no time counts",
-            }
         except Exception as exc:  # noqa: BLE001 - one broken benchmark must not lose the others' figures
             failed += 1
             traceback.print_exc()
-            entry = {
-                "id": number,
-                "name": module.NAME,
-                "title": module.TITLE,
-                "status": "error",
-                "reason": f"{type(exc).__name__}: {str(exc)[:500]}",
-            }
+            entry = failure_entry(module, exc)
         if not getattr(module, "KEEP_WORKDIR", False):  # its outputs (GBs); the inputs under data/ stay
             shutil.rmtree(ctx.cache / module.NAME, ignore_errors=True)
         entry.setdefault("status", "measured")
@@ -181,14 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in report.table({"benchmarks": {module.NAME: entry}})[2:]:
             print(line)
         if not args.no_record:
-            previous = results["benchmarks"].get(module.NAME, {})
-            if entry["status"] == "error" and previous.get("status") == "measured":
-                # keep the last good figures; the failure is in this run's record and on the console
-                results["last_run"].setdefault("errors", {})[module.NAME] = entry["reason"]
-            else:
-                results["benchmarks"][module.NAME] = entry
-            report.save_json(args.json, results)
-            report.update_markdown(args.markdown, results)
+            record(args, results, entry)
     return 1 if failed else 0
 
 

@@ -1,8 +1,11 @@
-"""Results out: ``bench/results.json`` for machines, and the harness's table in ``bench/RESULTS.md``.
+"""Results out: ``bench/results.json`` for machines, the harness's table in ``bench/RESULTS.md`` and
+the "Measured" section of ``README.md``, both rendered from results.json alone (``--render``).
 
 A run of some benchmarks replaces their entries and keeps the others, each with its own date,
-command and load, so the file always holds the latest figure of every benchmark. In RESULTS.md
-only the text between the two HARNESS markers is rewritten; other sections are left alone.
+command, commit and load. A benchmark that failed is recorded as failed (which side, its command,
+the error's tail, the commit, the date); its last good figures are kept under ``last_success`` and
+shown only as that, never as current. In RESULTS.md and README.md only the text between the
+markers is rewritten; the rest is left alone.
 """
 
 from __future__ import annotations
@@ -11,10 +14,20 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 from pathlib import Path
 
 BEGIN = "<!-- HARNESS:BEGIN (written by `make bench`, python -m bench.harness; edit bench/harness/report.py) -->"
 END = "<!-- HARNESS:END -->"
+README_BEGIN = (
+    "<!-- BENCH:BEGIN (generated from bench/results.json by `python -m bench.harness --render`; "
+    "edit bench/harness/report.py) -->"
+)
+README_END = "<!-- BENCH:END -->"
+# The notes the README quotes beside the ratios (by how they start): the throughputs and limits.
+HEADLINE_NOTES = ("throughput", "encode limit", "`snakemake -n all`")
+ERROR_TAIL_LINES = 30
+FENCE = "`" * 3
 PACKAGES = ("ffcv", "numpy", "opencv-python", "snakemake", "webdataset", "torch", "pillow")
 
 
@@ -57,47 +70,122 @@ def _met(value) -> str:
     return {True: "**met**", False: "**missed**", None: "pending"}[value]
 
 
-def table(results: dict) -> list[str]:
-    """One row per measured ratio (or per pending benchmark): the summary a reader looks at first."""
+def commit_of(entry: dict) -> str:
+    """The commit an entry was measured at (the short hash its ``tree`` starts with), else the tree's name."""
+    tree = entry.get("tree") or "?"
+    first = tree.split(" ", 1)[0]
+    return first if re.fullmatch(r"[0-9a-f]{7,40}", first) else tree
+
+
+def failed(entry: dict) -> bool:
+    return entry.get("status") not in ("measured", "pending", None)
+
+
+def _at(entry: dict) -> str:
+    return f"`{commit_of(entry)}` {entry.get('measured_at', '?')}"
+
+
+def _figure_rows(entry: dict, load: bool, label: str = "") -> list[str]:
+    """The rows of one measured entry: its ratios, then the targets that are not ratios."""
+    found = entry.get("load1")
+    load_cell = (f" {found['min']:.1f}-{found['max']:.1f} |" if found else " |") if load else ""
+    start = f"| {entry['id']} | {entry['title']} | {label}"
+    targets = {t["of"]: t for t in entry.get("targets", [])}
+    rows = []
+    for r in entry.get("ratios", []):
+        t = targets.get(r["of"])
+        goal = f"{t['op']} {t['value']}" if t else "report only"
+        rows.append(
+            f"{start}{r['of']} | **{r['median']:.2f}** ({r['min']:.2f}-{r['max']:.2f}) | {goal} | "
+            f"{_met(t['met']) if t else '-'} |{load_cell} {_at(entry)} |"
+        )
+    for t in entry.get("targets", []):
+        if t["of"] not in {r["of"] for r in entry.get("ratios", [])}:
+            measured = "" if t["measured"] is None else f"**{t['measured']:g}**"
+            rows.append(
+                f"{start}{t['of']} | {measured} | {t['op']} {t['value']} | {_met(t['met'])} |{load_cell} {_at(entry)} |"
+            )
+    return rows
+
+
+def _failure_summary(entry: dict) -> str:
+    failure = entry.get("failure", {})
+    if failure.get("side"):
+        return f"side `{failure['side']}` exited {failure.get('exit', '?')}"
+    return entry.get("status", "error")
+
+
+def table(results: dict, load: bool = True) -> list[str]:
+    """One row per measured ratio (or per pending or failed benchmark): the summary a reader looks at
+    first. Every row with a figure names the commit it was measured at."""
     lines = [
-        "| # | benchmark | ratio | median of per-pair ratios (min-max) | target | met | load1 during runs |",
-        "|---|---|---|---|---|---|---|",
+        "| # | benchmark | ratio | median of per-pair ratios (min-max) | target | met |"
+        + (" load1 during runs |" if load else "")
+        + " measured at (commit, date) |",
+        "|---|---|---|---|---|---|---|" + ("---|" if load else ""),
     ]
+    blank = " |" if load else ""
     for entry in results["benchmarks"].values():
-        load = entry.get("load1")
-        load_text = f"{load['min']:.1f}-{load['max']:.1f}" if load else ""
-        if entry.get("status") != "measured":
+        if failed(entry):
+            lines.append(
+                f"| {entry['id']} | {entry['title']} | **FAILED**: {_failure_summary(entry)} | | "
+                f"{entry.get('target_text', '')} | **FAILED** |{blank} {_at(entry)} |"
+            )
+            last = entry.get("last_success")
+            if last:
+                label = f"last successful measurement (at `{commit_of(last)}`, not current): "
+                lines += _figure_rows(last, load, label=label)
+        elif entry.get("status") != "measured":
             lines.append(
                 f"| {entry['id']} | {entry['title']} | | | {entry.get('target_text', '')} | "
-                f"{entry.get('status', 'pending')} | |"
+                f"{entry.get('status', 'pending')} |{blank} |"
             )
-            continue
-        targets = {t["of"]: t for t in entry.get("targets", [])}
-        for r in entry.get("ratios", []):
-            t = targets.get(r["of"])
-            goal = f"{t['op']} {t['value']}" if t else "report only"
-            lines.append(
-                f"| {entry['id']} | {entry['title']} | {r['of']} | **{r['median']:.2f}** "
-                f"({r['min']:.2f}-{r['max']:.2f}) | {goal} | {_met(t['met']) if t else '-'} | {load_text} |"
-            )
-        for t in entry.get("targets", []):
-            if t["of"] not in {r["of"] for r in entry.get("ratios", [])}:
-                measured = "" if t["measured"] is None else f"**{t['measured']:g}**"
-                lines.append(
-                    f"| {entry['id']} | {entry['title']} | {t['of']} | {measured} | {t['op']} {t['value']} | "
-                    f"{_met(t['met'])} | {load_text} |"
-                )
+        else:
+            lines += _figure_rows(entry, load)
     return lines
+
+
+def _error_tail(entry: dict) -> str:
+    failure = entry.get("failure", {})
+    text = failure.get("error_tail") or entry.get("reason", "")
+    tail = "\n".join(text.rstrip().splitlines()[-ERROR_TAIL_LINES:])
+    return tail.replace(FENCE, "'" * 3)
+
+
+def failure_details(entry: dict) -> list[str]:
+    """A failed benchmark's section: FAILED, when, at which commit, which side and command, the error's tail;
+    then its last good figures, labelled as the last successful measurement."""
+    failure = entry.get("failure", {})
+    lines = [
+        f"**FAILED** {entry.get('measured_at', '?')} at commit `{commit_of(entry)}` (tree `{entry.get('tree', '?')}`), "
+        f"by `{entry.get('command', '?')}`: {_failure_summary(entry)}.",
+        "",
+    ]
+    if failure.get("side_command"):
+        lines += [f"The failing command: `{failure['side_command']}`.", ""]
+    lines += ["The error's tail:", "", FENCE + "text", _error_tail(entry), FENCE, ""]
+    last = entry.get("last_success")
+    if not last:
+        return lines + ["No successful measurement of this benchmark is recorded.", ""]
+    lines += [
+        f"#### Last successful measurement, at commit `{commit_of(last)}` ({last.get('measured_at', '?')}): "
+        "not current",
+        "",
+    ]
+    return lines + details(last)[2:]
 
 
 def details(entry: dict) -> list[str]:
     lines = [f"### {entry['id']}. {entry['title']}", ""]
+    if failed(entry):
+        return lines + failure_details(entry)
     if entry.get("status") != "measured":
         lines += [f"**{entry.get('status', 'pending')}**: {entry.get('reason', '')}", ""]
         return lines
     lines += [
-        f"Measured {entry['measured_at']} by `{entry['command']}` ({entry['duration_s']:.0f} s), tree "
-        f"`{entry['tree']}`, {entry['pairs']} timed rounds after one warm-up round.",
+        f"Measured {entry['measured_at']} at commit `{commit_of(entry)}` by `{entry['command']}` "
+        f"({entry['duration_s']:.0f} s), tree `{entry['tree']}`, {entry['pairs']} timed rounds after one "
+        "warm-up round.",
         "",
         f"Data: {entry['data']}.",
         "",
@@ -130,18 +218,34 @@ def details(entry: dict) -> list[str]:
     return lines
 
 
+def _machine_text(m: dict) -> str:
+    versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items() if v)
+    return (
+        f"{m.get('cores')} cores ({m.get('cpu_model')}), {m.get('ram_gib')} GiB RAM, kernel {m.get('kernel')}, "
+        f"Python {m.get('python')}, {versions}"
+    )
+
+
 def render(results: dict) -> str:
     meta = results.get("last_run", {})
     m = meta.get("machine", {})
-    versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items() if v)
     lines = [
         BEGIN,
         "## The benchmark harness (`make bench`)",
         "",
+        *(
+            [
+                "**QUICK RUN** (`--quick`: small sizes, 2 pairs): it checks that everything runs; these are not the "
+                "benchmarks' figures, which are in bench/results.json and bench/RESULTS.md.",
+                "",
+            ]
+            if results.get("quick")
+            else []
+        ),
         "The latest figure of each benchmark; each one below names its date, command and measured commit. "
-        f"Last run {meta.get('date', '?')}: `{meta.get('command', '?')}` on {m.get('cores')} cores "
-        f"({m.get('cpu_model')}), {m.get('ram_gib')} GiB RAM, kernel {m.get('kernel')}, Python {m.get('python')}, "
-        f"{versions}. Machine-readable: [results.json](results.json). How it measures: "
+        f"Last run {meta.get('date', '?')}: `{meta.get('command', '?')}` on {_machine_text(m)}. "
+        "A benchmark whose last run failed says FAILED, with the side, its command and the error; its last "
+        "good figures, if any, are labelled as such. Machine-readable: [results.json](results.json). How it measures: "
         "[bench/harness/runner.py](harness/runner.py) (whole processes from outside, sides alternating "
         "A B A B after an untimed warm-up round, content digests compared in every round).",
         "",
@@ -158,15 +262,66 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _headline_notes(entry: dict) -> list[str]:
+    """The README's lines of throughputs and limits, each naming the commit (a failed one's: labelled as old)."""
+    shown = entry.get("last_success") if failed(entry) else entry
+    if not shown or shown.get("status") != "measured":
+        return []
+    if shown is entry:
+        at = f"at {_at(shown)}"
+    else:
+        at = f"last successful measurement, at `{commit_of(shown)}` {shown.get('measured_at', '?')}, not current"
+    return [
+        f"- {entry['id']}. {entry['title']}: {note} ({at})."
+        for note in shown.get("notes", [])
+        if note.startswith(HEADLINE_NOTES)
+    ]
+
+
+def render_readme(results: dict) -> str:
+    """README's "Measured" section: the summary table and the throughputs, every figure with its commit."""
+    m = results.get("last_run", {}).get("machine", {})
+    lines = [
+        README_BEGIN,
+        "The latest figure of each benchmark, generated from [bench/results.json](bench/results.json) "
+        "(`python -m bench.harness --render`); [bench/RESULTS.md](bench/RESULTS.md) gives each one's "
+        "commands, data, per-pair ratios and load. Medians of per-pair whole-process time ratios, sides "
+        f"alternating, on {_machine_text(m)}.",
+        "",
+        *table(results, load=False),
+        "",
+    ]
+    notes = [line for entry in results["benchmarks"].values() for line in _headline_notes(entry)]
+    if notes:
+        lines += [*notes, ""]
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def replace_region(text: str, begin: str, end: str, region: str) -> str | None:
+    """``text`` with the part from ``begin`` to ``end`` (both included) replaced; None without both markers."""
+    if begin not in text or end not in text:
+        return None
+    head, rest = text.split(begin, 1)
+    return head + region + rest.split(end, 1)[1]
+
+
 def update_markdown(path: Path, results: dict) -> None:
     """Rewrites only the harness's region of RESULTS.md (created after the first paragraph if missing)."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     region = render(results)
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
-        text = head + region + tail
+    replaced = replace_region(text, BEGIN, END, region)
+    if replaced is not None:
+        text = replaced
     else:
         at = text.find("\n## ")
         text = (text + "\n" + region + "\n") if at < 0 else (text[: at + 1] + region + "\n\n" + text[at + 1 :])
     path.write_text(text)
+
+
+def update_readme(path: Path, results: dict) -> None:
+    """Rewrites README's BENCH region; the markers must be there (their place in the README is chosen by hand)."""
+    replaced = replace_region(path.read_text(), README_BEGIN, README_END, render_readme(results))
+    if replaced is None:
+        raise SystemExit(f"{path}: no {README_BEGIN!r} ... {README_END!r} section to rewrite")
+    path.write_text(replaced)

@@ -37,6 +37,15 @@ class ContentMismatch(RuntimeError):
     """Both sides did not produce the same logical content: their times mean nothing."""
 
 
+class SideFailed(RuntimeError):
+    """One side's process exited non-zero: which side, its command (as RESULTS.md prints it), the tail of its stderr."""
+
+    def __init__(self, command: str, exit_code: int, cwd: Path, stderr_path: Path, tail: str, side: str = "?"):
+        self.side, self.command, self.exit_code, self.tail = side, command, exit_code, tail
+        self.cwd, self.stderr_path = cwd, stderr_path
+        super().__init__(f"{command} failed (exit {exit_code}) in {cwd}; stderr ({stderr_path}):\n{tail}")
+
+
 @dataclass
 class Side:
     """One command of a comparison. ``before``/``after`` run untimed (cleanup; reading its output)."""
@@ -125,9 +134,7 @@ def measure(command: list[str], cwd: Path, env: dict, log: Path) -> tuple[dict, 
     timed = json.loads(subprocess.run(timer, env=env, capture_output=True, text=True, check=True).stdout)
     busy = busy_cpu_seconds() - busy_before
     if timed["exit"] != 0:
-        raise RuntimeError(
-            f"{shlex.join(command)} failed (exit {timed['exit']}) in {cwd}; stderr ({err}):\n{err.read_text()[-4000:]}"
-        )
+        raise SideFailed(shlex.join(command), timed["exit"], cwd, err, err.read_text()[-4000:])
     seconds, cpu = timed["seconds"], timed["cpu_seconds"]
     record = {
         "seconds": round(seconds, 3),
@@ -144,7 +151,11 @@ def run_side(ctx: Context, side: Side, tag: str) -> dict:
     if side.before:
         side.before()
     waited = wait_until_quiet(ctx.quiet_below, ctx.max_wait)
-    record, stdout, stderr = measure(side.command, side.cwd, ctx.env(), ctx.log_dir / f"{tag}-{side.name}")
+    try:
+        record, stdout, stderr = measure(side.command, side.cwd, ctx.env(), ctx.log_dir / f"{tag}-{side.name}")
+    except SideFailed as exc:
+        exc.side, exc.command = side.name, ctx.show(side.command)
+        raise
     if side.flush:
         started = time.monotonic()
         subprocess.run(["sync"], check=True)

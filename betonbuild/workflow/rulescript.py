@@ -6,6 +6,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 from betonbuild._compat.fast_exit import exit_without_teardown
 from betonbuild.config.load import spec_from_dict
@@ -30,14 +31,26 @@ def stage_args(snakemake) -> dict[str, bool | int | None]:
     return {"smoke": stage == "smoke", "part": int(snakemake.wildcards.part) if stage == "part" else None}
 
 
+def traceback_path(log: str | os.PathLike) -> Path:
+    """Where a job's traceback goes: beside its log, never into it, because the workflow profiles'
+    ``show-failed-logs`` prints the log of a failed job on the console."""
+    return Path(log).with_suffix(".traceback")
+
+
 def run(snakemake, stage: Callable[[], object]) -> None:
     """Runs ``stage`` with stdout/stderr (also of child processes) going to the rule's log.
 
-    A betonbuild error is printed once, to the log and to the console, and exits non-zero.
+    A betonbuild error is written once, to the log, which Snakemake prints on the console when the
+    job fails (``show-failed-logs`` in every profile under profiles/, local and SLURM alike): a copy
+    of our own on the console would print it twice, and on SLURM it would land in the job's SLURM
+    log, not on the console. A traceback (a writer worker's, or an unexpected error's) goes to
+    ``traceback_path(log)``; an unexpected error's one line in the log names that file. Without a
+    log (outside Snakemake) all of it goes to stderr. Exits non-zero.
     """
-    console = os.fdopen(os.dup(2), "w")
-    log = open(snakemake.log[0], "w") if snakemake.log else None
+    log_path = snakemake.log[0] if snakemake.log else None
+    log = open(log_path, "w") if log_path else None
     if log:
+        traceback_path(log_path).unlink(missing_ok=True)  # a traceback is always from this run
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(log.fileno(), 1)
@@ -45,17 +58,25 @@ def run(snakemake, stage: Callable[[], object]) -> None:
     try:
         stage()
     except BetonbuildError as exc:
-        message = f"betonbuild error: {exc}"
         if getattr(exc, "worker_traceback", None):
-            print(exc.worker_traceback, file=sys.stderr)
-        print(message, file=sys.stderr, flush=True)
-        if log:
-            print(message, file=console, flush=True)
+            _keep_traceback(log_path, exc.worker_traceback)
+        print(f"betonbuild error: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        if log:
-            print(f"unexpected error; traceback in {snakemake.log[0]}", file=console, flush=True)
+    except SystemExit:
         raise
-    exit_without_teardown(console, log)
+    except BaseException as exc:  # noqa: BLE001 - the edge of the job: any other error ends as one line
+        where = _keep_traceback(log_path, "".join(traceback.format_exception(exc)))
+        print(f"unexpected error: {type(exc).__name__}: {exc}; traceback in {where}", file=sys.stderr, flush=True)
+        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+    exit_without_teardown(log)
+
+
+def _keep_traceback(log_path: str | None, text: str) -> str:
+    """Writes ``text`` beside the log (to stderr without a log); returns where it went."""
+    text = text if text.endswith("\n") else text + "\n"
+    if log_path is None:
+        print(text, file=sys.stderr, end="", flush=True)
+        return "the output above"
+    path = traceback_path(log_path)
+    path.write_text(text)
+    return str(path)

@@ -1,5 +1,6 @@
 """Unit tests of betonbuild.workflow.rulescript: a rule script's output goes to its log, an error is
-one clear line on the console, a finished job exits at once, and the stage comes from params.stage."""
+one clear line in it (Snakemake prints the log), a traceback goes beside it, a finished job exits at
+once, and the stage comes from params.stage."""
 
 from __future__ import annotations
 
@@ -59,29 +60,40 @@ def test_a_finished_job_logs_everything_runs_atexit_and_exits_zero_at_once(tmp_p
     assert log.splitlines() == ["to stdout", "to stderr", "from a child process", "atexit handler ran"]
 
 
-def test_a_betonbuild_error_is_one_line_on_the_console_and_in_the_log(tmp_path):
+def test_a_betonbuild_error_is_one_line_in_the_log_and_none_on_the_console(tmp_path):
+    """Snakemake prints a failed job's log (show-failed-logs): a console copy would print it twice."""
     done, log = run_script(tmp_path, "betonbuild")
     line = "betonbuild error: dataset 'd': the thing is wrong; fix it"
     assert done.returncode == 1
-    assert done.stderr == line + "\n" and done.stdout == ""
+    assert done.stderr == "" and done.stdout == ""
     assert log.splitlines()[-2:] == [line, "atexit handler ran"] and "Traceback" not in log
+    assert log.count("betonbuild error:") == 1
+    assert not (tmp_path / "job.traceback").exists()
 
 
-def test_a_worker_traceback_goes_to_the_log_only(tmp_path):
+def test_a_worker_traceback_goes_beside_the_log_not_into_it(tmp_path):
     done, log = run_script(tmp_path, "betonbuild", "with worker traceback")
-    assert done.stderr == "betonbuild error: dataset 'd': the thing is wrong; fix it\n"
-    assert log.splitlines()[-3:-1] == [
-        "Traceback (worker): ...",
-        "betonbuild error: dataset 'd': the thing is wrong; fix it",
-    ]
+    assert done.stderr == "" and done.returncode == 1
+    assert log.splitlines()[-2:] == ["betonbuild error: dataset 'd': the thing is wrong; fix it", "atexit handler ran"]
+    assert "Traceback" not in log
+    assert (tmp_path / "job.traceback").read_text() == "Traceback (worker): ...\n"
 
 
-def test_an_unexpected_error_points_at_the_log_which_holds_the_traceback(tmp_path):
+def test_an_unexpected_error_is_one_line_in_the_log_naming_the_traceback_file(tmp_path):
     done, log = run_script(tmp_path, "unexpected")
-    assert done.returncode != 0
-    assert f"unexpected error; traceback in {tmp_path / 'job.log'}" in done.stderr
-    assert "Traceback (most recent call last)" in log and "ValueError: a bug" in log
+    assert done.returncode == 1 and done.stderr == ""
+    kept = tmp_path / "job.traceback"
+    assert log.splitlines()[-2:] == [f"unexpected error: ValueError: a bug; traceback in {kept}", "atexit handler ran"]
+    assert "Traceback" not in log
+    assert "Traceback (most recent call last)" in kept.read_text() and "ValueError: a bug" in kept.read_text()
     assert "not reached" not in log
+
+
+def test_a_traceback_file_of_an_earlier_run_is_removed(tmp_path):
+    (tmp_path / "job.traceback").write_text("Traceback of an earlier run")
+    done, _ = run_script(tmp_path, "ok")
+    assert done.returncode == 0
+    assert not (tmp_path / "job.traceback").exists()
 
 
 def test_without_a_log_the_error_is_printed_once(tmp_path):
@@ -89,6 +101,13 @@ def test_without_a_log_the_error_is_printed_once(tmp_path):
     assert done.returncode == 1
     assert done.stderr.count("betonbuild error:") == 1
     assert "to stderr" in done.stderr and "to stdout" in done.stdout
+
+
+def test_without_a_log_an_unexpected_error_prints_its_traceback_to_stderr(tmp_path):
+    done, _ = run_script(tmp_path, "unexpected", log=False)
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert done.stderr.count("unexpected error: ValueError: a bug; traceback in the output above") == 1
 
 
 EXIT = """
