@@ -39,7 +39,8 @@ lock:
 	 /tmp/betonbuild-lock-venv/bin/pip freeze --all | grep -v '^pip==' | sed 's/+cpu$$//') > requirements.lock
 
 ## Every benchmark of issue 10 side by side with plain ffcv and the machine's limits (not part of `make test`; about
-## 40 min on 2 cores): bench/RESULTS.md and bench/results.json. E.g. BENCH_ARGS="--quick" or "--only 1 4".
+## 40 min on 2 cores): bench/RESULTS.md and bench/results.json. E.g. BENCH_ARGS="--only 1 4"; BENCH_ARGS="--quick"
+## (small sizes) records into bench/cache/harness/ only, never over the real figures.
 bench: setup
 	$(BIN)/python -m bench.harness $(BENCH_ARGS)
 
