@@ -15,6 +15,7 @@ from betonbuild.sources import (
     needs_shard_list,
 )
 from betonbuild.sources import listed_files_signature as source_listed_files_signature
+from betonbuild.sources import missing_listed_files as source_missing_listed_files
 from betonbuild.config.load import SCHEMA_PATH, check_no_duplicate_keys, load_config
 
 # Our own checks first: they name the dataset and key (e.g. a field name longer than 16 bytes).
@@ -132,6 +133,12 @@ def listed_files(wildcards):
     (no file opened), so that its job reruns exactly when one of them changes. Not one input per
     file: a million inputs would cost every dry run minutes."""
     return source_listed_files_signature(DATASETS[wildcards.ds])
+
+
+def missing_listed_files(wildcards):
+    """The shard or file list's inputs: only its files that do not exist, so that Snakemake names
+    them before any job runs (normally none)."""
+    return source_missing_listed_files(DATASETS[wildcards.ds])
 
 
 def manifest(wildcards):

@@ -3,6 +3,8 @@ rule shard_list:
     from tar headers without decoding (cached per shard, so one changed shard is recounted alone).
     Reruns when a shard's stat changes (the `files` parameter), not through one input per shard.
     """
+    input:
+        missing_listed_files,
     output:
         shards=result("shards.json"),
     log:
@@ -27,6 +29,8 @@ rule file_list:
     they changed since the last listing (betonbuild/sources/folder_listing.py). Every later job
     reads the folder through this list. Reruns when a file's stat changes (the `files` parameter).
     """
+    input:
+        missing_listed_files,
     output:
         files=result("files.tsv"),
     log:

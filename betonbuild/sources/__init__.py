@@ -48,6 +48,7 @@ __all__ = [
     "import_factory",
     "input_files",
     "listed_files_signature",
+    "missing_listed_files",
     "missing_package",
     "needs_file_list",
     "needs_shard_list",
@@ -95,6 +96,11 @@ def needs_shard_list(spec: DatasetSpec) -> bool:
 def needs_file_list(spec: DatasetSpec) -> bool:
     """The source is read through results/{ds}/files.tsv (the file_list rule's output)."""
     return source_class(spec).needs_file_list
+
+
+def missing_listed_files(spec: DatasetSpec) -> list[str]:
+    """The listing's files that do not exist (its rule's inputs: Snakemake names them first)."""
+    return source_class(spec).missing_listed_files(spec)
 
 
 def listed_files_signature(spec: DatasetSpec) -> str:

@@ -75,6 +75,12 @@ class Source:
         return stat_signature(cls.shard_files(spec)) if cls.needs_shard_list else ""
 
     @classmethod
+    def missing_listed_files(cls, spec: DatasetSpec) -> list[str]:
+        """Those of the listing's files that do not exist: the inputs of its rule, so that Snakemake
+        names them before any job runs (every file that exists is tracked by the signature)."""
+        return [f for f in cls.shard_files(spec) if not os.path.exists(f)] if cls.needs_shard_list else []
+
+    @classmethod
     def missing_package(cls, spec: DatasetSpec) -> bool:
         """An optional package the kind needs is not installed (asked without importing it)."""
         return False

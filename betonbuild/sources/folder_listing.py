@@ -3,9 +3,10 @@
 A folder of a million images must not be a million Snakemake inputs (every dry run and no-op run
 would stat and record them all, minutes before any job starts). Instead:
 
-- ``scan_folder`` lists ``root/<class>/...`` with ``os.scandir``: names, sizes, mtimes and inodes,
-  no file opened. Its ``signature`` is the ``file_list`` rule's parameter, so Snakemake reruns that
+- ``folder_stat`` digests every image file's name, size, mtime and inode (GNU find, else
+  ``scan_folder``), no file opened: the ``file_list`` rule's parameter, so Snakemake reruns that
   job exactly when a file is added, removed, renamed or rewritten, and a no-op run reads no image.
+- ``scan_folder`` lists ``root/<class>/...`` with ``os.scandir``, in the samples' order.
 - the ``file_list`` job writes ``results/{ds}/files.tsv`` (``write_listing``): every file with its
   sha256, hashed only where size, mtime or inode changed since the last listing (``.files-cache.tsv``
   beside it). The source manifest fingerprints the folder from it without reading an image.
@@ -19,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,13 +111,50 @@ def _walk(dataset: str, root: Path, rel_dir: str, wanted: set[str], rels: list, 
         _walk(dataset, root, f"{rel_dir}/{name}", wanted, rels, stats)
 
 
+@dataclass(frozen=True)
+class FolderStat:
+    """What the DAG needs of a folder: a digest of every image file's stat, their number and bytes."""
+
+    signature: str
+    files: int | None  # None: the folder does not exist or cannot be listed
+    bytes: int
+
+
 @functools.cache
-def scanned(dataset: str, root: str, extensions: tuple[str, ...]) -> FolderListing | None:
-    """One scan per Snakemake process (its DAG asks for the signature and the length many times);
-    None if the folder does not exist (the file_list job then fails with the message)."""
+def folder_stat(dataset: str, root: str, extensions: tuple[str, ...]) -> FolderStat:
+    """One stat of the folder per Snakemake process (its DAG asks for the signature and the length
+    many times). GNU find lists a million files 2x faster than os.scandir; elsewhere the scan. A
+    folder that is missing or cannot be listed gets a signature too: the file_list job then runs
+    and says why."""
     if not os.path.isdir(root):
+        return FolderStat("missing", None, 0)
+    found = _find_stat(root, extensions)
+    if found is not None:
+        return found
+    try:
+        listing = scan_folder(dataset, Path(root), list(extensions))
+    except SourceError as exc:
+        return FolderStat(f"unreadable: {exc}", None, 0)
+    return FolderStat(listing.signature(), len(listing), int(listing.sizes.sum()))
+
+
+def _find_stat(root: str, extensions: tuple[str, ...]) -> FolderStat | None:
+    """``find -printf`` of every image file's size, mtime, inode and path (the order readdir gives,
+    stable while the folder does not change); None where find is not GNU find or fails."""
+    names = [arg for ext in extensions for arg in ("-o", "-iname", f"*{ext}")][1:]
+    command = ["find", "-L", root, "-mindepth", "1", "-name", ".*", "-prune", "-o", "-type", "f"]
+    command += ["(", *names, ")", "-printf", "%s\t%T@\t%i\t%P\n"]
+    try:
+        found = subprocess.run(command, capture_output=True, env={**os.environ, "LC_ALL": "C"}, check=False)
+    except OSError:
         return None
-    return scan_folder(dataset, Path(root), list(extensions))
+    if found.returncode != 0:
+        return None
+    lines = found.stdout.splitlines()
+    nbytes = sum(int(line[: line.index(b"\t")]) for line in lines)
+    # Files directly in root are not samples (only class sub-folders are); they count here, so a
+    # change to one reruns the file list, which finds nothing changed
+    return FolderStat(hashlib.sha256(found.stdout).hexdigest(), len(lines), nbytes)
 
 
 def write_listing(dataset: str, listing: FolderListing, path: str | os.PathLike) -> int:

@@ -13,7 +13,7 @@ from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
 from betonbuild.sources.base import Source
 from betonbuild.sources.files import count_files, fingerprint_files
-from betonbuild.sources.folder_listing import LISTING, FolderListing, read_listing, scan_folder, scanned
+from betonbuild.sources.folder_listing import LISTING, FolderListing, FolderStat, folder_stat, read_listing, scan_folder
 from betonbuild.sources.image_limits import decompression_bomb
 
 FIELD_TYPES = ["rgb_image", "int"]  # what a sample is: (image, label)
@@ -87,22 +87,23 @@ class ImageFolderSource(Source):
 
     @classmethod
     def listed_files_signature(cls, spec: DatasetSpec) -> str:
-        listing = cls._scanned(spec)
-        return listing.signature() if listing is not None else "missing"
+        return cls._stat(spec).signature
+
+    @classmethod
+    def missing_listed_files(cls, spec: DatasetSpec) -> list[str]:
+        return [] if os.path.isdir(spec.source["root"]) else [spec.source["root"]]
 
     @classmethod
     def estimated_length(cls, spec: DatasetSpec) -> int | None:
-        listing = cls._scanned(spec)
-        return len(listing) if listing is not None else None
+        return cls._stat(spec).files
 
     @classmethod
     def estimated_bytes(cls, spec: DatasetSpec) -> int:
-        listing = cls._scanned(spec)
-        return int(listing.sizes.sum()) if listing is not None else 0
+        return cls._stat(spec).bytes
 
     @classmethod
-    def _scanned(cls, spec: DatasetSpec) -> FolderListing | None:
-        return scanned(spec.name, spec.source["root"], tuple(spec.source["extensions"]))
+    def _stat(cls, spec: DatasetSpec) -> FolderStat:
+        return folder_stat(spec.name, spec.source["root"], tuple(spec.source["extensions"]))
 
     def __len__(self) -> int:
         return len(self.listing)

@@ -14,8 +14,8 @@ from PIL import Image
 
 from betonbuild.config.load import load_config
 from betonbuild.errors import SampleError, SourceError
-from betonbuild.sources import fingerprint_files, listed_files_signature, open_source
-from betonbuild.sources.folder_listing import LISTING, read_listing, scan_folder, write_listing
+from betonbuild.sources import fingerprint_files, listed_files_signature, missing_listed_files, open_source
+from betonbuild.sources.folder_listing import LISTING, folder_stat, read_listing, scan_folder, write_listing
 from betonbuild.workflow.stages import make_file_list
 
 EXTENSIONS = [".jpg", ".jpeg", ".png"]
@@ -66,24 +66,44 @@ def test_the_scan_lists_in_the_order_os_walk_gave(folder: Path):
     assert listing.sizes.tolist() == [os.path.getsize(folder / rel) for rel in listing.rels]
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        lambda root: image(root / "b" / "3.png"),  # added
-        lambda root: (root / "b" / "2.png").unlink(),  # removed
-        lambda root: (root / "b" / "2.png").rename(root / "b" / "4.png"),  # renamed
-        lambda root: os.utime(root / "a" / "x.png", ns=(1, 1)),  # touched (or rewritten, same size)
-        lambda root: image(root / "a" / "x.png", 99),  # rewritten
-    ],
-)
-def test_the_signature_changes_with_any_image_and_nothing_else(folder: Path, change):
+def dag_signature(spec) -> str:
+    """The file_list rule's parameter, as a new Snakemake process computes it."""
+    folder_stat.cache_clear()
+    return listed_files_signature(spec)
+
+
+CHANGES = [
+    lambda root: image(root / "b" / "3.png"),  # added
+    lambda root: (root / "b" / "2.png").unlink(),  # removed
+    lambda root: (root / "b" / "2.png").rename(root / "b" / "4.png"),  # renamed
+    lambda root: (root / "a").rename(root / "aa"),  # a class renamed
+    lambda root: os.utime(root / "a" / "x.png", ns=(1, 1)),  # touched (or rewritten, same size)
+    lambda root: image(root / "a" / "sub" / "deeper" / "z.jpg", 99),  # rewritten
+]
+
+
+@pytest.mark.parametrize("find", ["gnu find", "no find"])
+@pytest.mark.parametrize("change", CHANGES)
+def test_the_signature_changes_with_any_image_and_nothing_else(folder: Path, change, find, monkeypatch):
+    if find == "no find":  # e.g. BSD find without -printf: the scan's signature
+        monkeypatch.setenv("PATH", "/nonexistent")
     spec = folder_spec(folder)
-    before = scan_folder("photos", folder, EXTENSIONS).signature()
-    assert before == listed_files_signature(spec)
+    before, scanned = dag_signature(spec), scan_folder("photos", folder, EXTENSIONS).signature()
+    assert (before == scanned) == (find == "no find")
     (folder / "a" / "more-notes.txt").write_text("x")
-    assert scan_folder("photos", folder, EXTENSIONS).signature() == before
+    (folder / ".cache" / "x.png").write_text("a hidden folder")
+    assert dag_signature(spec) == before
+    assert scan_folder("photos", folder, EXTENSIONS).signature() == scanned
     change(folder)
-    assert scan_folder("photos", folder, EXTENSIONS).signature() != before
+    assert dag_signature(spec) != before
+    assert scan_folder("photos", folder, EXTENSIONS).signature() != scanned
+
+
+def test_the_dag_counts_the_images_without_opening_one(folder: Path):
+    folder_stat.cache_clear()
+    stat = folder_stat("photos", str(folder), tuple(EXTENSIONS))
+    listing = scan_folder("photos", folder, EXTENSIONS)
+    assert (stat.files, stat.bytes) == (len(listing), int(listing.sizes.sum())) == (6, stat.bytes)
 
 
 def test_only_new_or_changed_files_are_hashed_again(folder: Path, tmp_path: Path):
@@ -133,4 +153,7 @@ def test_a_missing_or_empty_folder_is_a_source_error_of_the_file_list_job(tmp_pa
     with pytest.raises(SourceError, match="has no images in class sub-folders"):
         make_file_list(folder_spec(tmp_path / "empty"), str(tmp_path / LISTING))
     assert not (tmp_path / LISTING).exists()
-    assert listed_files_signature(folder_spec(tmp_path / "missing")) == "missing"
+    assert dag_signature(folder_spec(tmp_path / "missing")) == "missing"
+    # the file_list rule's one input: Snakemake names a missing folder before any job runs
+    assert missing_listed_files(folder_spec(tmp_path / "missing")) == [str(tmp_path / "missing")]
+    assert missing_listed_files(folder_spec(tmp_path / "empty")) == []
