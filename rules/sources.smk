@@ -39,7 +39,7 @@ rule file_list:
         benchmark_path("file_list")
     conda:
         "../envs/ffcv.yaml"
-    threads: 1
+    threads: write_threads  # hashing, the first time every image
     resources:
         mem_mb=source_manifest_mem_mb,
         runtime=listing_runtime,

@@ -47,9 +47,9 @@ def make_shard_list(spec: DatasetSpec, shard_list_path: str) -> dict[str, Any]:
     return listing
 
 
-def make_file_list(spec: DatasetSpec, file_list_path: str, log=sys.stderr) -> None:
+def make_file_list(spec: DatasetSpec, file_list_path: str, processes: int = 1, log=sys.stderr) -> None:
     """results/{ds}/files.tsv of an image folder: every file, its stat and sha256 (hashed only where
-    it changed since the last listing)."""
+    it changed since the last listing, in ``processes`` processes)."""
     started = time.monotonic()
     root = Path(spec.source["root"])
     if not root.is_dir():
@@ -57,7 +57,7 @@ def make_file_list(spec: DatasetSpec, file_list_path: str, log=sys.stderr) -> No
     listing = scan_folder(spec.name, root, spec.source["extensions"])
     if not len(listing):
         raise SourceError(spec.name, f"image folder {root} has no images in class sub-folders")
-    hashed = write_listing(spec.name, listing, file_list_path)
+    hashed = write_listing(spec.name, listing, file_list_path, processes)
     print(
         f"{spec.name}: {len(listing)} files listed, {hashed} of them hashed (new or changed) "
         f"in {time.monotonic() - started:.2f} s",
