@@ -77,3 +77,26 @@ def test_no_locks_is_nothing_to_do_and_the_owner_file_stays(tmp_path, monkeypatc
     owner(dead_pid())
     assert clear_stale_locks() is None
     assert OWNER_FILE.exists()
+
+
+@pytest.mark.xfail(strict=True, reason="issue 17 item 1: reproduced before the fix")
+def test_the_locks_are_kept_while_a_job_of_the_dead_run_still_runs(workdir):
+    """The main process is gone, but a job it started (carrying its run token) still runs and may
+    still write: the lock stays, and the message names the job's process and what to do."""
+    main = dead_pid()
+    OWNER_FILE.write_text(json.dumps({"host": socket.gethostname(), "pid": main, "token": "run-old"}))
+    job = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, "BETONBUILD_RUN_TOKEN": "run-old"},
+    )
+    try:
+        message = clear_stale_locks()
+        assert len(lock_files()) == 2 and OWNER_FILE.exists()
+        assert message is not None and f"{job.pid}" in message and "still run" in message
+        assert f"kill {job.pid}" in message and "snakemake --unlock" in message
+    finally:
+        job.kill()
+        job.wait()
+    # Once the job has ended, the lock is removed as for any dead run.
+    assert clear_stale_locks().startswith(f"removed the lock left by snakemake process {main}")
+    assert lock_files() == []
