@@ -1,4 +1,7 @@
-"""Outputs appear at their target path only when complete: write to a temp name, rename on success."""
+"""Outputs appear at their target path only when complete: write to a temp name, rename on success.
+
+A job of a superseded snakemake run does not rename at all (``betonbuild.fencing``).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from betonbuild.errors import WriteError
+from betonbuild.fencing import check_still_owner
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
@@ -54,7 +58,8 @@ def disk_full_error(exc: OSError, path: str | os.PathLike | None = None, dataset
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yields a temp path beside ``target``; renames it onto ``target`` if the block succeeds.
 
-    A full disk (ENOSPC, EFBIG, EDQUOT) inside the block is a WriteError naming ``target``."""
+    A full disk (ENOSPC, EFBIG, EDQUOT) inside the block is a WriteError naming ``target``; so is
+    a job of a superseded run (``betonbuild.fencing``), whose temp file is removed unpublished."""
     target = Path(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -66,6 +71,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     tmp = temp_path_for(target)
     try:
         yield tmp
+        check_still_owner(target)
         os.replace(tmp, target)
     except OSError as exc:
         if exc.errno in DISK_FULL_ERRNOS:
