@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from betonbuild._compat.ffcv_writer import reclaim_dead_writers_shm, shm_name
+
 SHM = Path("/dev/shm")
 SCRIPT = textwrap.dedent(
     """
@@ -61,7 +63,6 @@ def wait_for(condition, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17 item 6: reproduced before the fix")
 def test_the_shared_memory_of_a_killed_write_is_reclaimed_by_the_next_write(tmp_path):
     script = tmp_path / "write.py"
     script.write_text(SCRIPT)
@@ -98,3 +99,19 @@ def test_the_shared_memory_of_a_killed_write_is_reclaimed_by_the_next_write(tmp_
         for block in (foreign, live_ours):
             block.close()
             block.unlink()
+
+
+def test_reclaim_unlinks_only_betonbuild_blocks_of_dead_processes(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = {
+        "dead": f"betonbuild-shm-{dead.pid}-0a1b2c3d",
+        "live": shm_name(),  # this process's own naming
+        "foreign": "psm_0a1b2c3d",
+        "odd": "betonbuild-shm-notapid",
+    }
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"x")
+    assert names["live"].startswith(f"betonbuild-shm-{os.getpid()}-")
+    assert reclaim_dead_writers_shm(tmp_path) == [names["dead"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(v for k, v in names.items() if k != "dead")
