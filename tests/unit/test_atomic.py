@@ -150,6 +150,64 @@ def test_the_disk_full_message_is_the_one_the_beton_write_gives():
     assert str(disk_full_error(exc, dataset="huge")) == str(beton_disk_full_error("huge", exc))
 
 
+def test_the_file_is_fsynced_before_the_rename_and_its_directory_after(tmp_path, monkeypatch):
+    """A power loss after the rename must not leave an empty or short file at the target."""
+    events: list[tuple] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        events.append(("fsync", path, path.stat().st_size if path.is_file() else None))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", Path(src), Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    payload = bytes(range(256)) * 4096
+    target = tmp_path / "sub" / "out.bin"
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(payload)
+    write_json(tmp_path / "sub" / "record.json", {"v": 1})
+    monkeypatch.undo()
+    tmp = temp_path_for(target)
+    json_tmp = temp_path_for(tmp_path / "sub" / "record.json")
+    assert events[:3] == [
+        ("fsync", tmp, len(payload)),  # the whole content, before it gets the target's name
+        ("replace", tmp, target),
+        ("fsync", tmp_path / "sub", None),
+    ]
+    assert [e[0] for e in events[3:]] == ["fsync", "replace", "fsync"]
+    assert events[3][1] == json_tmp and events[5][1] == tmp_path / "sub"
+    assert target.read_bytes() == payload and json.loads((tmp_path / "sub" / "record.json").read_text()) == {"v": 1}
+
+
+def test_a_failing_fsync_publishes_nothing(tmp_path, monkeypatch):
+    def failing(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        with atomic_path(tmp_path / "out.bin") as tmp:
+            tmp.write_bytes(b"data")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_that_cannot_be_fsynced_is_not_an_error(tmp_path, monkeypatch):
+    real_fsync = os.fsync
+
+    def no_directory_fsync(fd):
+        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", no_directory_fsync)
+    write_json(tmp_path / "out.json", [1])
+    assert json.loads((tmp_path / "out.json").read_text()) == [1]
+
+
 def owned_by(owner_file: Path, token: str | None) -> Path:
     owner_file.parent.mkdir(parents=True, exist_ok=True)
     owner_file.write_text(json.dumps({"host": "h", "pid": 1, "token": token}))
