@@ -1,4 +1,10 @@
-"""Outputs appear at their target path only when complete: write to a temp name, rename on success."""
+"""Outputs appear at their target path only when complete: write to a temp name, rename on success.
+
+Durable too: the temp file is fsynced before the rename and its directory after it, so a power
+loss or kernel crash leaves either the previous file or the complete new one at the target, never
+a renamed but empty or short file (which Snakemake would take for complete). A job of a superseded
+snakemake run does not rename at all (``betonbuild.fencing``).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from betonbuild.errors import WriteError
+from betonbuild.fencing import check_still_owner
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
@@ -54,7 +61,8 @@ def disk_full_error(exc: OSError, path: str | os.PathLike | None = None, dataset
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yields a temp path beside ``target``; renames it onto ``target`` if the block succeeds.
 
-    A full disk (ENOSPC, EFBIG, EDQUOT) inside the block is a WriteError naming ``target``."""
+    A full disk (ENOSPC, EFBIG, EDQUOT) inside the block is a WriteError naming ``target``; so is
+    a job of a superseded run (``betonbuild.fencing``), whose temp file is removed unpublished."""
     target = Path(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +74,10 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     tmp = temp_path_for(target)
     try:
         yield tmp
+        fsync_path(tmp)
+        check_still_owner(target)
         os.replace(tmp, target)
+        fsync_directory(target.parent)
     except OSError as exc:
         if exc.errno in DISK_FULL_ERRNOS:
             raise disk_full_error(exc, target) from exc
@@ -74,6 +85,27 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def fsync_path(path: Path) -> None:
+    """The file's data and size on disk before it is renamed into place."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_directory(directory: Path) -> None:
+    """The rename itself on disk. A file system that cannot fsync a directory (EINVAL) is left as is."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def write_json(target: str | os.PathLike, data: Any) -> None:

@@ -33,8 +33,11 @@ if workflow.is_main_process:
         logger.warning(f"betonbuild: {_cleared}")
 
 
+# The run that holds the lock owns the working directory: its token fences its jobs' outputs
+# (a run with --nolock holds nothing, so it neither takes the directory over nor is fenced).
 onstart:
-    record_lock_owner()
+    if workflow.execution_settings.lock:
+        record_lock_owner()
 
 
 # The scheduler's last wake-up timer would hold the finished run's exit back by up to a second.

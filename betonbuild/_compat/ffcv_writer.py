@@ -5,6 +5,12 @@ override of ``DatasetWriter._write_common`` and the worker loop below (a copy of
 ``worker_job_indexed_dataset`` around ``ffcv.writer.handle_sample`` and ``MemoryAllocator``) let each
 worker report its exception on a queue and exit; the parent watches that queue and the workers' exit
 codes and raises the first failure (``betonbuild.write.writer`` removes the temp file).
+
+ffcv's ``prepare`` creates its metadata block in shared memory under a random name (``psm_...``);
+a write killed with SIGKILL together with its resource tracker (a kill of the process group)
+leaves it in /dev/shm for good. Here the block is named ``betonbuild-shm-<pid>-<random>``, and the
+next write unlinks the blocks so named whose process no longer exists: only betonbuild's, never a
+live one, never another program's.
 """
 
 from __future__ import annotations
@@ -13,17 +19,21 @@ import contextlib
 import ctypes
 import os
 import queue
+import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing import Process, Queue, Value
+from multiprocessing import Process, Queue, Value, shared_memory
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from betonbuild._compat import Checked
+from betonbuild.atomic import _alive
 from betonbuild.errors import WriteError
 
 CHECKED = (
@@ -31,11 +41,46 @@ CHECKED = (
         "ffcv",
         "1.0.2",
         why="DatasetWriter._write_common overridden and its worker loop copied: a failing worker ends the "
-        "write with its error at once, where plain ffcv spins forever",
+        "write with its error at once, where plain ffcv spins forever; DatasetWriter.prepare's "
+        "shared_memory.SharedMemory named by us, so a killed write's block is reclaimed by the next",
     ),
 )
 ERROR_GRACE_SECONDS = 1.0  # after a first failure, wait this long for failures at smaller indices
 TERMINATE_GRACE_SECONDS = 3.0
+SHM_DIR = Path("/dev/shm")  # where Linux keeps POSIX shared memory; absent elsewhere (nothing reclaimed)
+SHM_PREFIX = "betonbuild-shm-"
+
+
+def shm_name() -> str:
+    return f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def reclaim_dead_writers_shm(shm_dir: Path = SHM_DIR) -> list[str]:
+    """Unlinks the metadata blocks of betonbuild writes whose process no longer exists; returns their names."""
+    reclaimed = []
+    for entry in shm_dir.glob(f"{SHM_PREFIX}*"):
+        pid = entry.name[len(SHM_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                entry.unlink()
+                reclaimed.append(entry.name)
+    return reclaimed
+
+
+@contextlib.contextmanager
+def _named_metadata_block() -> Iterator[None]:
+    """ffcv.writer's ``shared_memory.SharedMemory(create=True, size=n)`` gets a name we can reclaim."""
+    import ffcv.writer
+
+    def named(create: bool, size: int) -> shared_memory.SharedMemory:
+        return shared_memory.SharedMemory(name=shm_name(), create=create, size=size)
+
+    original = ffcv.writer.shared_memory
+    ffcv.writer.shared_memory = SimpleNamespace(SharedMemory=named)
+    try:
+        yield
+    finally:
+        ffcv.writer.shared_memory = original
 
 
 @dataclass
@@ -108,6 +153,11 @@ def safe_writer_class():
             self.describe_failure = describe_failure
             self.metadata_sm = None
             self.error_queue: Queue = Queue()
+
+        def prepare(self):
+            reclaim_dead_writers_shm()
+            with _named_metadata_block():
+                super().prepare()
 
         def _write_common(self, num_samples, queue_content, work_fn, extra_worker_args):
             (dataset,) = extra_worker_args

@@ -21,6 +21,7 @@ from betonbuild.atomic import (
     write_json,
 )
 from betonbuild.errors import WriteError
+from betonbuild.fencing import OWNER_VAR, TOKEN_VAR
 from betonbuild.write.writer import disk_full_error as beton_disk_full_error
 
 
@@ -147,3 +148,108 @@ def test_other_os_errors_pass_through_unchanged(tmp_path):
 def test_the_disk_full_message_is_the_one_the_beton_write_gives():
     exc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     assert str(disk_full_error(exc, dataset="huge")) == str(beton_disk_full_error("huge", exc))
+
+
+def test_the_file_is_fsynced_before_the_rename_and_its_directory_after(tmp_path, monkeypatch):
+    """A power loss after the rename must not leave an empty or short file at the target."""
+    events: list[tuple] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        events.append(("fsync", path, path.stat().st_size if path.is_file() else None))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", Path(src), Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    payload = bytes(range(256)) * 4096
+    target = tmp_path / "sub" / "out.bin"
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(payload)
+    write_json(tmp_path / "sub" / "record.json", {"v": 1})
+    monkeypatch.undo()
+    tmp = temp_path_for(target)
+    json_tmp = temp_path_for(tmp_path / "sub" / "record.json")
+    assert events[:3] == [
+        ("fsync", tmp, len(payload)),  # the whole content, before it gets the target's name
+        ("replace", tmp, target),
+        ("fsync", tmp_path / "sub", None),
+    ]
+    assert [e[0] for e in events[3:]] == ["fsync", "replace", "fsync"]
+    assert events[3][1] == json_tmp and events[5][1] == tmp_path / "sub"
+    assert target.read_bytes() == payload and json.loads((tmp_path / "sub" / "record.json").read_text()) == {"v": 1}
+
+
+def test_a_failing_fsync_publishes_nothing(tmp_path, monkeypatch):
+    def failing(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        with atomic_path(tmp_path / "out.bin") as tmp:
+            tmp.write_bytes(b"data")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_that_cannot_be_fsynced_is_not_an_error(tmp_path, monkeypatch):
+    real_fsync = os.fsync
+
+    def no_directory_fsync(fd):
+        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", no_directory_fsync)
+    write_json(tmp_path / "out.json", [1])
+    assert json.loads((tmp_path / "out.json").read_text()) == [1]
+
+
+def owned_by(owner_file: Path, token: str | None) -> Path:
+    owner_file.parent.mkdir(parents=True, exist_ok=True)
+    owner_file.write_text(json.dumps({"host": "h", "pid": 1, "token": token}))
+    return owner_file
+
+
+def test_a_job_of_a_superseded_run_does_not_publish_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    owner_file = owned_by(tmp_path / ".snakemake" / "owner.json", "run-new")
+    monkeypatch.setenv(TOKEN_VAR, "run-old")
+    monkeypatch.setenv(OWNER_VAR, str(owner_file))
+    target = tmp_path / "results" / "d" / "d.beton"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"the newer run's verified file")
+    with pytest.raises(WriteError) as caught:
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(b"the orphan's file")
+    assert str(caught.value).startswith(
+        f"this job belongs to run run-old, superseded by run run-new; not publishing {target}"
+    )
+    assert target.read_bytes() == b"the newer run's verified file"
+    assert [p.name for p in target.parent.iterdir()] == ["d.beton"]
+    # The refusal is also recorded where a rerun of the job (which removes the job's log) leaves it.
+    (recorded,) = (tmp_path / ".snakemake" / "betonbuild-fenced.log").read_text().splitlines()
+    assert recorded.endswith(str(caught.value)) and f"pid {os.getpid()}: " in recorded
+
+
+def test_a_job_whose_owner_record_is_gone_does_not_publish(tmp_path, monkeypatch):
+    monkeypatch.setenv(TOKEN_VAR, "run-old")
+    monkeypatch.setenv(OWNER_VAR, str(tmp_path / "gone.json"))
+    with pytest.raises(WriteError, match="superseded by a newer run .*no longer names this run"):
+        write_json(tmp_path / "out.json", {})
+    assert [p.name for p in tmp_path.iterdir()] == ["betonbuild-fenced.log"]
+
+
+def test_a_job_of_the_current_run_and_a_process_outside_any_run_publish(tmp_path, monkeypatch):
+    owner_file = owned_by(tmp_path / "owner.json", "run-now")
+    monkeypatch.setenv(TOKEN_VAR, "run-now")
+    monkeypatch.setenv(OWNER_VAR, str(owner_file))
+    write_json(tmp_path / "in-run.json", {"v": 1})
+    monkeypatch.delenv(TOKEN_VAR)
+    monkeypatch.delenv(OWNER_VAR)
+    owned_by(owner_file, "some-other-run")
+    write_json(tmp_path / "by-hand.json", {"v": 2})  # `betonbuild write` by hand has no token
+    assert json.loads((tmp_path / "in-run.json").read_text()) == {"v": 1}
+    assert json.loads((tmp_path / "by-hand.json").read_text()) == {"v": 2}
