@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             measured_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             command=command.strip(),
             tree=tree_name,
-            pairs=ctx.pairs,
+            pairs=entry.get("pairs", ctx.pairs),  # b9 sets its own (scale_pairs)
             duration_s=round(time.monotonic() - started),
             load1_start_end=[round(load_before, 2), round(os.getloadavg()[0], 2)],
         )

@@ -34,7 +34,8 @@ def write_png(path: Path, curves: dict, title: str) -> bool:
     for ax, (family, stages) in zip(axes[0], curves.items(), strict=False):
         for stage, points in sorted(stages.items()):
             xs, ys = zip(*points, strict=True)
-            ax.plot(xs, [max(y, 1e-3) for y in ys], marker="o", label=stage)
+            style = "--" if stage.endswith("(whole)") else "-"  # whole processes, beside the jobs
+            ax.plot(xs, [max(y, 1e-3) for y in ys], style, marker="o", label=stage)
         ax.set(xscale="log", yscale="log", title=family, xlabel="samples", ylabel="µs per sample")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
@@ -45,11 +46,11 @@ def write_png(path: Path, curves: dict, title: str) -> bool:
     return True
 
 
-def draw(directory: Path, entry: dict) -> None:
+def draw(directory: Path, entry: dict, commit: str) -> None:
     """The entry's PNG and CSV into ``directory`` (beside RESULTS.md); measured entries only."""
     plot = entry.get("plot")
     if entry.get("status") != "measured" or not plot or not plot.get("curves"):
         return
     write_csv(directory / plot["csv"], plot["curves"])
-    title = f"{entry['title']} (commit {str(entry.get('tree', '?')).split(' ', 1)[0]}, {entry.get('measured_at', '?')})"
+    title = f"{entry['title']} (commit {commit}, {entry.get('measured_at', '?')})"
     write_png(directory / plot["file"], plot["curves"], title)

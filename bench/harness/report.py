@@ -186,8 +186,8 @@ def details(entry: dict) -> list[str]:
         return lines
     lines += [
         f"Measured {entry['measured_at']} at commit `{commit_of(entry)}` by `{entry['command']}` "
-        f"({entry['duration_s']:.0f} s), tree `{entry['tree']}`, {entry['pairs']} timed rounds after one "
-        "warm-up round.",
+        f"({entry['duration_s']:.0f} s), tree `{entry['tree']}`, {entry['pairs']} timed rounds"
+        + (" after one warm-up round." if entry.get("warmup", True) else " (no warm-up round)."),
         "",
         f"Data: {entry['data']}.",
         "",
@@ -322,7 +322,7 @@ def update_markdown(path: Path, results: dict) -> None:
         text = (text + "\n" + region + "\n") if at < 0 else (text[: at + 1] + region + "\n\n" + text[at + 1 :])
     path.write_text(text)
     for entry in results["benchmarks"].values():  # pictures the entries link to, beside the markdown
-        plots.draw(path.parent, entry)
+        plots.draw(path.parent, entry, commit_of(entry))
 
 
 def update_readme(path: Path, results: dict) -> None:
