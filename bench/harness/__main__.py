@@ -37,6 +37,7 @@ MODULES = {
     6: "b6_verify",
     7: "b7_incremental",
     8: "b8_workflow_scale",
+    9: "b9_scale",
 }
 GIB = 1 << 30
 MAIN_JSON = REPO / "bench" / "results.json"
@@ -56,6 +57,12 @@ SIZES = {
     "incremental_partitions": (16, 16),  # issue 6: 1 of 16 partitions changed
     "scale_datasets": (200, 20),  # issue 10: 200 datasets x 16 partitions
     "scale_partitions": (16, 16),
+    # issue 16 (b9): samples per case (comma-separated), the 20M-row arrays case (0: skipped), ...
+    "scale_samples": ("10000,100000,1000000", "2000,10000"),
+    "scale_rows": (20_000_000, 100_000),
+    "scale_families": ("folder,arrays,webdataset", "folder,arrays,webdataset"),
+    "scale_shard_samples": (1000, 1000),
+    "scale_pairs": (1, 1),  # timed rounds per case (no warm-up round)
 }
 
 
@@ -218,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             measured_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             command=command.strip(),
             tree=tree_name,
-            pairs=ctx.pairs,
+            pairs=entry.get("pairs", ctx.pairs),  # b9 sets its own (scale_pairs)
             duration_s=round(time.monotonic() - started),
             load1_start_end=[round(load_before, 2), round(os.getloadavg()[0], 2)],
         )

@@ -10,6 +10,10 @@ JPEG encode and decode times depend on image content, and noise or flat colour w
 - ``image_folder(n)``: ``root/<photo>/<k>.jpg`` (JPEG q95, one class per photograph);
 - ``merge_parts(parts, mib)``: part files written by plain ffcv, as ``betonbuild.beton.merge`` receives them.
 
+The scaling benchmark's inputs (``tiny_jpegs``, ``scale_folder``, ``scale_shards``, ``scale_arrays``)
+are written into that benchmark's own directory and removed after each case: they are GBs and
+quick to make again.
+
 Each is written to a temporary name, then renamed; a ``spec.json`` records what was asked for,
 so a change of size regenerates it.
 """
@@ -201,3 +205,83 @@ def merge_parts(root: Path, parts: int, part_mib: int, sample_bytes: int = 1 << 
     _publish(tmp, directory, spec)
     info["digest"] = merged
     return info
+
+
+TINY = 32
+SCALE_CLASSES = 1000
+
+
+def tiny_jpegs(count: int, seed: int = 9) -> list[bytes]:
+    """``count`` distinct 32x32 JPEGs (q90): seeded 256x256 photo crops, box-downscaled, as ImageNet's
+    downsampled variants are made."""
+    from PIL import Image
+
+    encoded = []
+    for image, _, _ in photo_crops(count, seed):
+        jpeg = io.BytesIO()
+        Image.fromarray(image).resize((TINY, TINY), Image.Resampling.BOX).save(jpeg, format="JPEG", quality=90)
+        encoded.append(jpeg.getvalue())
+    return encoded
+
+
+def with_comment(jpeg: bytes, text: bytes) -> bytes:
+    """The JPEG with a COM segment (``text``) after its JFIF header: other bytes, the same pixels, still a
+    valid JPEG. It makes every sample's file unique (its sha256) without encoding every sample."""
+    at = 4 + int.from_bytes(jpeg[4:6], "big") if jpeg[2:4] == b"\xff\xe0" else 2
+    return jpeg[:at] + b"\xff\xfe" + (len(text) + 2).to_bytes(2, "big") + text + jpeg[at:]
+
+
+def scale_sample(pool: list[bytes], k: int) -> tuple[bytes, int]:
+    """Sample k of the scaling data: (JPEG bytes, label). Its pixels are pool image k % len(pool), its
+    label (class) k % 1000, its bytes unique (a comment naming k)."""
+    return with_comment(pool[k % len(pool)], b"sample %d" % k), k % SCALE_CLASSES
+
+
+def scale_folder(directory: Path, n: int, pool: list[bytes]) -> Path:
+    """An ImageNet layout: ``n%08d/`` class folders (min(n, 1000) of them), ``<class>_<k>.JPEG`` files."""
+    classes = [f"n{c:08d}" for c in range(min(n, SCALE_CLASSES))]
+    for name in classes:
+        (directory / name).mkdir(parents=True, exist_ok=True)
+    for k in range(n):
+        jpeg, label = scale_sample(pool, k)
+        (directory / classes[label] / f"{classes[label]}_{k:08d}.JPEG").write_bytes(jpeg)
+    return directory
+
+
+def _tar_member(tar, name: str, payload: bytes) -> None:
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(payload), 0, 0o644
+    tar.addfile(info, io.BytesIO(payload))
+
+
+def scale_shards(directory: Path, n: int, pool: list[bytes], per_shard: int = 1000) -> str:
+    """WebDataset shards of ``per_shard`` samples (``jpg`` + ``cls``), in the order of ``scale_folder``'s
+    labels; returns the brace pattern."""
+    import tarfile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    count = max(1, -(-n // per_shard))
+    for s in range(count):
+        with tarfile.open(directory / f"train-{s:06d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for k in range(s * per_shard, min(n, (s + 1) * per_shard)):
+                jpeg, label = scale_sample(pool, k)
+                _tar_member(tar, f"{k:09d}.jpg", jpeg)
+                _tar_member(tar, f"{k:09d}.cls", str(label).encode())
+    return str(directory / f"train-{{{0:06d}..{count - 1:06d}}}.tar")
+
+
+def scale_arrays(directory: Path, n: int, seed: int = 11, block: int = 1 << 20) -> tuple[Path, Path]:
+    """(x.npy float32[n, 4] seeded normal, label.npy int64 k % 1000), written in blocks (20M rows: 480 MB)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    x = np.lib.format.open_memmap(directory / "x.npy", mode="w+", dtype=np.float32, shape=(n, 4))
+    label = np.lib.format.open_memmap(directory / "label.npy", mode="w+", dtype=np.int64, shape=(n,))
+    rng = np.random.default_rng(seed)
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        x[start:stop] = rng.standard_normal((stop - start, 4), dtype=np.float32)
+        label[start:stop] = np.arange(start, stop) % SCALE_CLASSES
+    x.flush(), label.flush()
+    del x, label
+    return directory / "x.npy", directory / "label.npy"

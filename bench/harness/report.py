@@ -17,6 +17,8 @@ import platform
 import re
 from pathlib import Path
 
+from . import plots
+
 BEGIN = "<!-- HARNESS:BEGIN (written by `make bench`, python -m bench.harness; edit bench/harness/report.py) -->"
 END = "<!-- HARNESS:END -->"
 README_BEGIN = (
@@ -184,8 +186,8 @@ def details(entry: dict) -> list[str]:
         return lines
     lines += [
         f"Measured {entry['measured_at']} at commit `{commit_of(entry)}` by `{entry['command']}` "
-        f"({entry['duration_s']:.0f} s), tree `{entry['tree']}`, {entry['pairs']} timed rounds after one "
-        "warm-up round.",
+        f"({entry['duration_s']:.0f} s), tree `{entry['tree']}`, {entry['pairs']} timed rounds"
+        + (" after one warm-up round." if entry.get("warmup", True) else " (no warm-up round)."),
         "",
         f"Data: {entry['data']}.",
         "",
@@ -215,6 +217,8 @@ def details(entry: dict) -> list[str]:
     lines.append(f"- Content: {entry['content']}.")
     lines += [f"- {note}" for note in entry.get("notes", [])]
     lines.append("")
+    if entry.get("tables"):  # a benchmark's own markdown (b9's per-stage costs)
+        lines += [*entry["tables"], ""]
     return lines
 
 
@@ -317,6 +321,8 @@ def update_markdown(path: Path, results: dict) -> None:
         at = text.find("\n## ")
         text = (text + "\n" + region + "\n") if at < 0 else (text[: at + 1] + region + "\n\n" + text[at + 1 :])
     path.write_text(text)
+    for entry in results["benchmarks"].values():  # pictures the entries link to, beside the markdown
+        plots.draw(path.parent, entry, commit_of(entry))
 
 
 def update_readme(path: Path, results: dict) -> None:

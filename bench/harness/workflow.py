@@ -74,3 +74,34 @@ def stage_recorder(workdir: Path) -> tuple[list[dict], object]:
 def jobs_run(snakemake_log: str) -> dict[str, int]:
     """Jobs per rule that ran (or, in a dry run, would run): Snakemake logs each as ``rule NAME:``."""
     return dict(sorted(Counter(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", snakemake_log, re.M)).items()))
+
+
+def _number(text: str) -> float | None:
+    """A benchmark file's value; Snakemake writes NA where it took no sample (a job shorter than its 0.5 s poll)."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def rule_records(workdir: Path, since: float = 0.0) -> dict[str, dict]:
+    """Per rule, from Snakemake's ``benchmark:`` files written after ``since``: wall seconds (summed over
+    its jobs), and ``max_rss``/``max_pss`` in MiB (the largest job's). Snakemake samples a job's process
+    tree (workers summed) every 0.5 s for its first 30 s, then every 30 s, so a late peak can be missed."""
+    found: dict[str, dict] = {}
+    for tsv in sorted((workdir / "benchmarks").rglob("*.tsv")):
+        if tsv.stat().st_mtime < since:
+            continue
+        rule = tsv.parent.name if tsv.parent != workdir / "benchmarks" else tsv.stem
+        lines = tsv.read_text().splitlines()
+        if len(lines) < 2:
+            continue
+        row = dict(zip(lines[0].split("\t"), lines[1].split("\t"), strict=False))
+        entry = found.setdefault(rule, {"s": 0.0, "max_rss": None, "max_pss": None, "jobs": 0})
+        entry["s"] = round(entry["s"] + (_number(row.get("s", "")) or 0.0), 3)
+        entry["jobs"] += 1
+        for key in ("max_rss", "max_pss"):
+            value = _number(row.get(key, ""))
+            if value is not None:
+                entry[key] = round(max(entry[key] or 0.0, value), 1)
+    return found
