@@ -124,7 +124,7 @@ def source_inputs(wildcards):
         result(name).format(ds=wildcards.ds)
         for name, needed in (
             ("shards.json", needs_shard_list(spec)),
-            ("files.tsv", needs_file_list(spec)),
+            ("files.npz", needs_file_list(spec)),
         )
         if needed
     ]

@@ -32,7 +32,7 @@ rule file_list:
     input:
         missing_listed_files,
     output:
-        files=result("files.tsv"),
+        files=result("files.npz"),
     log:
         log_path("file_list"),
     benchmark:

@@ -94,7 +94,7 @@ def needs_shard_list(spec: DatasetSpec) -> bool:
 
 
 def needs_file_list(spec: DatasetSpec) -> bool:
-    """The source is read through results/{ds}/files.tsv (the file_list rule's output)."""
+    """The source is read through results/{ds}/files.npz (the file_list rule's output)."""
     return source_class(spec).needs_file_list
 
 

@@ -28,7 +28,7 @@ class Source:
     may_import_ffcv: ClassVar[bool] = False
     # Read through results/{ds}/shards.json, a listing derived from the source's files first
     needs_shard_list: ClassVar[bool] = False
-    # Read through results/{ds}/files.tsv, the listing of its many files (none of them a Snakemake input)
+    # Read through results/{ds}/files.npz, the listing of its many files (none of them a Snakemake input)
     needs_file_list: ClassVar[bool] = False
     # fixed_columns() holds every fixed-size field: verification need not gather values one by one
     gives_fixed_columns: ClassVar[bool] = False

@@ -32,11 +32,14 @@ def stat_signature(paths: list[str]) -> str:
 SMALL_FILE = 1 << 20  # read whole: file_digest's 256 KiB buffer per call doubles the cost of small files
 
 
-def sha256_file(path: str | os.PathLike) -> str:
+def sha256_file(path: str | os.PathLike, raw: bool = False) -> str | bytes:
+    """The file's sha256 as hex, or as 32 bytes (``raw``)."""
     with open(path, "rb") as fh:
         if os.fstat(fh.fileno()).st_size <= SMALL_FILE:
-            return hashlib.sha256(fh.read()).hexdigest()
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+            digest = hashlib.sha256(fh.read())
+        else:
+            digest = hashlib.file_digest(fh, "sha256")
+    return digest.digest() if raw else digest.hexdigest()
 
 
 def fingerprint_files(files: list[str]) -> dict[str, Any]:

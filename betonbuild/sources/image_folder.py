@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -12,8 +11,16 @@ import numpy as np
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
 from betonbuild.sources.base import Source
-from betonbuild.sources.files import count_files, fingerprint_files
-from betonbuild.sources.folder_listing import LISTING, FolderListing, FolderStat, folder_stat, read_listing, scan_folder
+from betonbuild.sources.files import count_files
+from betonbuild.sources.folder_listing import (
+    LISTING,
+    FolderListing,
+    FolderStat,
+    folder_stat,
+    hash_files,
+    read_listing,
+    scan_folder,
+)
 from betonbuild.sources.image_limits import decompression_bomb
 
 FIELD_TYPES = ["rgb_image", "int"]  # what a sample is: (image, label)
@@ -158,25 +165,19 @@ class ImageFolderSource(Source):
             return None
 
     def inputs_fingerprint(self, read_files: bool = True) -> dict[str, Any]:
-        """From the listing's sha256 when opened from one (no image is read), else every file hashed."""
-        if not self.listing.sha256:
+        """From the listing's digests when opened from one (no image is read), else every file hashed now."""
+        listing = self.listing
+        if listing.sha256 is None:
             if not read_files:
                 return count_files(self.files)
-            self.listing.sha256 = fingerprint_files(self.files)["file_sha256"]
-        combined = hashlib.sha256()
-        for i, (size, digest) in enumerate(zip(self.listing.sizes.tolist(), self.listing.sha256, strict=True)):
-            combined.update(f"{self.listing.path(i)}\0{size}\0{digest}\n".encode())
+            listing.sha256 = hash_files(self.spec.name, self.files, processes=min(4, os.cpu_count() or 1))
         return {
-            "files": len(self.listing),
-            "bytes": int(self.listing.sizes.sum()),
-            "sha256": combined.hexdigest(),
-            "file_sha256": self.listing.sha256,
+            "files": len(listing),
+            "bytes": int(listing.sizes.sum()),
+            "sha256": listing.content_digest(),
+            "file_sha256": listing.sha256,
         }
 
     def part_fingerprint(self, rows: np.ndarray, inputs: dict[str, Any]) -> str:
-        """The relative path, label and sha256 (from ``inputs``) of every image file of the rows."""
-        digests, rels, labels = inputs["file_sha256"], self.listing.rels, self.listing.labels.tolist()
-        digest = hashlib.sha256()
-        for row in rows.tolist():
-            digest.update(f"{rels[row]}\0{labels[row]}\0{digests[row]}\n".encode())
-        return digest.hexdigest()
+        """The relative path, label and sha256 of every image file of the rows."""
+        return self.listing.content_digest(rows)

@@ -48,7 +48,7 @@ def make_shard_list(spec: DatasetSpec, shard_list_path: str) -> dict[str, Any]:
 
 
 def make_file_list(spec: DatasetSpec, file_list_path: str, processes: int = 1, log=sys.stderr) -> None:
-    """results/{ds}/files.tsv of an image folder: every file, its stat and sha256 (hashed only where
+    """results/{ds}/files.npz of an image folder: every file, its stat and sha256 (hashed only where
     it changed since the last listing, in ``processes`` processes)."""
     started = time.monotonic()
     root = Path(spec.source["root"])
