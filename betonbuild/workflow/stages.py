@@ -8,6 +8,7 @@ atomically.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from betonbuild.workflow.partitions import (
 from betonbuild.workflow.resources import check_manifest_memory
 from betonbuild.write.determinism import SourceNotDeterministic, check_deterministic
 from betonbuild.write.failure import clear_failure, save_failure
+from betonbuild.write.free_space import check_free_space, estimated_from_smoke
 from betonbuild.write.preflight import largest_rows, survey_samples
 from betonbuild.write.writer import resolve_workers, write_beton
 
@@ -181,6 +183,10 @@ def build(
             # Only the user's code can draw values when it is created: other kinds are not opened twice
             user_code = bool(source_class(spec).adapter_references(spec))
             check_deterministic(spec, source, rows, (lambda: open_source(spec, dataset_dir)) if user_code else None)
+        if not smoke and part is None:
+            smoke_rows_written = len(rows_to_write(spec, source, manifest_path, smoke=True))
+            needed = estimated_from_smoke(dataset_dir / "smoke.beton", smoke_rows_written, len(rows))
+            check_free_space(spec.name, beton_path, needed)
         # The smoke file and the parts are written by one worker: byte-identical across runs
         # (a part's parallelism is the other parts' jobs), and the smoke file fails fastest.
         workers = 1 if smoke or part is not None else resolve_workers(spec.writer.num_workers, threads)
@@ -246,6 +252,7 @@ def merge_parts(
     builds = {json.dumps(r["provenance"], sort_keys=True) for r in records}
     if len(builds) != 1:
         raise MergeError(f"dataset '{spec.name}': the parts were written by different ffcv builds: {sorted(builds)}")
+    check_free_space(spec.name, beton_path, sum(os.path.getsize(path) for path in part_paths))
     merged = merge_betons(part_paths, beton_path, custom_handlers=custom_handlers(spec))
     order = resolve_indices(spec.writer, manifest["length"], spec.name)
     record = {
