@@ -7,8 +7,10 @@ peaked at 1.4 GB (~600 bytes a sample, 12 GB at 20M rows), for a batch of 16 sam
 manager reads through its sorted ``ptrs`` and ``sizes`` alone (its compiled ``read``: a
 ``searchsorted`` over ``ptrs``); the SEQUENTIAL order the verification batch uses reads neither
 mapping (only QUASI_RANDOM reads ``page_to_samples``, ``ProcessCacheManager`` ``sample_to_pages``).
-``lean_os_cache()`` makes the Loaders created inside it use an ``OSCacheManager`` whose constructor
-builds ``ptrs`` and ``sizes`` exactly as ffcv's does and nothing else; ffcv's reading code is unchanged.
+``lean_os_cache(samples)`` makes the Loaders created inside it use an ``OSCacheManager`` whose
+constructor builds ``ptrs`` and ``sizes`` as ffcv's does, from the allocations of the samples the
+Loader will read (ids below ``samples``) and nothing else, and lets the Reader's copy of the whole
+allocation table go (the memory managers are its only readers); ffcv's reading code is unchanged.
 """
 
 from __future__ import annotations
@@ -31,15 +33,17 @@ CHECKED = (
 
 
 @contextlib.contextmanager
-def lean_os_cache() -> Iterator[None]:
-    """Inside: ``Loader(..., os_cache=True)`` builds the lean OS-cache manager (see the module docstring)."""
+def lean_os_cache(samples: int) -> Iterator[None]:
+    """Inside: ``Loader(..., os_cache=True)`` builds the lean OS-cache manager for a Loader that reads
+    samples 0..samples-1 only (see the module docstring)."""
     import ffcv.loader.loader as loader_module
     from ffcv.memory_managers.os_cache import OSCacheContext, OSCacheManager
 
     class LeanOSCacheManager(OSCacheManager):
         def __init__(self, reader):  # no super().__init__(): skipping it is the point
             self.reader = reader
-            alloc_table = reader.alloc_table
+            alloc_table = reader.alloc_table[reader.alloc_table["sample_id"] < np.uint64(samples)]
+            reader.alloc_table = alloc_table
             order = np.argsort(alloc_table["ptr"])  # as ffcv's: the same sort, the same tie order
             self.ptrs = alloc_table["ptr"][order]
             self.sizes = alloc_table["size"][order]

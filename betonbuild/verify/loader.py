@@ -152,7 +152,7 @@ def check_loader_batch(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str]:
         pipelines[field.name] = pipeline
         if pipeline is None:
             skipped.append(field.name)
-    with lean_os_cache():  # ffcv's per-sample page maps skipped: ~600 bytes a sample, never read here
+    with lean_os_cache(n):  # ffcv's per-sample page maps skipped: ~600 bytes a sample, never read here
         loader = Loader(
             beton.path,
             batch_size=n,
