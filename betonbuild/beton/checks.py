@@ -34,7 +34,7 @@ def structural_checks(beton: BetonFile, allow_empty: tuple[str, ...] = ()) -> li
     ``allow_empty`` names bytes/json fields whose size-0 allocations are accepted (flagged, not failed).
     """
     inside = _Inside.of(beton)
-    return [
+    checks = [
         _data_region_aligned(beton),
         _allocations_in_file(beton, inside),
         _allocations_in_one_page(inside),
@@ -44,6 +44,8 @@ def structural_checks(beton: BetonFile, allow_empty: tuple[str, ...] = ()) -> li
         _metadata_pointers(beton),
         _no_empty_allocations(beton, allow_empty),
     ]
+    beton.forget_sorted_table()  # not held through the reads that follow; sorted again if JPEG or custom reads need it
+    return checks
 
 
 def _check(name: str, ok: bool, detail: str, **extra) -> dict[str, Any]:

@@ -321,6 +321,10 @@ class BetonFile:
         order = np.lexsort((size, sample, ptr))
         return ptr[order], sample[order], size[order]
 
+    def forget_sorted_table(self) -> None:
+        """Releases the pointer-sorted copy of the table (32 bytes an allocation); the next lookup sorts again."""
+        self.__dict__.pop("_sorted_table", None)
+
     def match_allocations(self, ptrs: np.ndarray, samples: np.ndarray, sizes: np.ndarray | None = None) -> np.ndarray:
         """Index (into the sorted table) of the allocation of each (ptr, sample[, size]); -1 where none.
 
