@@ -34,7 +34,7 @@ def structural_checks(beton: BetonFile, allow_empty: tuple[str, ...] = ()) -> li
     ``allow_empty`` names bytes/json fields whose size-0 allocations are accepted (flagged, not failed).
     """
     inside = _Inside.of(beton)
-    return [
+    checks = [
         _data_region_aligned(beton),
         _allocations_in_file(beton, inside),
         _allocations_in_one_page(inside),
@@ -44,6 +44,8 @@ def structural_checks(beton: BetonFile, allow_empty: tuple[str, ...] = ()) -> li
         _metadata_pointers(beton),
         _no_empty_allocations(beton, allow_empty),
     ]
+    beton.forget_sorted_table()  # not held through the reads that follow; sorted again if JPEG or custom reads need it
+    return checks
 
 
 def _check(name: str, ok: bool, detail: str, **extra) -> dict[str, Any]:
@@ -52,14 +54,18 @@ def _check(name: str, ok: bool, detail: str, **extra) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _Inside:
-    """The allocations that lie inside the data region (``mask`` over the table), and their pages."""
+    """The allocations that lie inside the data region (``mask`` over the table), and their pages.
+
+    Where every allocation is inside (any file a writer finished), ``ptr``, ``size`` and ``sample``
+    are views of the memory-mapped table, and the pages are computed by the checks that need them
+    and dropped: a file's checks hold no copy of its table longer than one check (at 1 allocation
+    a sample, 41 bytes a sample were held through all of them)."""
 
     mask: np.ndarray
     ptr: np.ndarray
     size: np.ndarray
     sample: np.ndarray
-    first_page: np.ndarray
-    last_page: np.ndarray
+    shift: np.uint64
 
     @classmethod
     def of(cls, beton: BetonFile) -> _Inside:
@@ -68,11 +74,16 @@ class _Inside:
         end = np.uint64(beton.alloc_table_ptr)
         mask = (ptr >= np.uint64(beton.data_start)) & (ptr <= end) & (size <= end)
         mask &= ptr <= end - np.where(mask, size, 0).astype(np.uint64)  # no overflow on hostile sizes
-        p_in, s_in = ptr[mask], size[mask]
-        shift = np.uint64(beton.page_shift)
-        first_page = p_in >> shift
-        last_page = (p_in + np.maximum(s_in, np.uint64(1)) - np.uint64(1)) >> shift
-        return cls(mask, p_in, s_in, table["sample_id"][mask], first_page, last_page)
+        sample = table["sample_id"]
+        if not mask.all():
+            ptr, size, sample = ptr[mask], size[mask], sample[mask]
+        return cls(mask, ptr, size, sample, np.uint64(beton.page_shift))
+
+    def first_page(self) -> np.ndarray:
+        return self.ptr >> self.shift
+
+    def last_page(self) -> np.ndarray:
+        return (self.ptr + np.maximum(self.size, np.uint64(1)) - np.uint64(1)) >> self.shift
 
 
 def _data_region_aligned(beton: BetonFile) -> dict[str, Any]:
@@ -111,7 +122,7 @@ def _allocations_in_file(beton: BetonFile, inside: _Inside) -> dict[str, Any]:
 
 
 def _allocations_in_one_page(inside: _Inside) -> dict[str, Any]:
-    crossing = int((inside.first_page != inside.last_page).sum())
+    crossing = int((inside.first_page() != inside.last_page()).sum())
     return _check(
         "allocations_in_one_page",
         crossing == 0,
@@ -135,6 +146,7 @@ def _no_overlap(inside: _Inside) -> dict[str, Any]:
     if len(inside.ptr) > 1:
         order = np.argsort(inside.ptr, kind="stable")
         sp, ss = inside.ptr[order], inside.size[order]
+        del order
         overlaps = int((sp[1:] < sp[:-1] + ss[:-1]).sum())
     return _check(
         "no_overlap",
@@ -146,8 +158,10 @@ def _no_overlap(inside: _Inside) -> dict[str, Any]:
 def _samples_on_one_page(inside: _Inside) -> dict[str, Any]:
     split = 0
     if len(inside.sample):
-        by_sample = np.lexsort((inside.first_page, inside.sample))
-        ids, pg = inside.sample[by_sample], inside.first_page[by_sample]
+        first_page = inside.first_page()
+        by_sample = np.lexsort((first_page, inside.sample))
+        ids, pg = inside.sample[by_sample], first_page[by_sample]
+        del first_page, by_sample
         starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
         split = int((np.maximum.reduceat(pg, starts) != np.minimum.reduceat(pg, starts)).sum())
     return _check(

@@ -39,6 +39,7 @@ from betonbuild.fields import stored_kind
 PREFIX = b"betonbuild content digest v1\n"
 RANGE_PREFIX = b"betonbuild range digest v1\n"
 BLOCK = 1024
+BLOCKS_IN_FLIGHT = 256  # blocks submitted to the thread pool at a time
 
 
 def header(beton: BetonFile) -> dict[str, Any]:
@@ -83,10 +84,15 @@ def range_from_leaves(leaves: list[bytes]) -> str:
 
 
 def _leaves(beton: BetonFile, start: int, stop: int, threads: int) -> list[bytes]:
+    """The leaves in order (32 bytes per block); blocks are handed to the pool ``BLOCKS_IN_FLIGHT``
+    at a time, so that no future per block of the whole file exists at once."""
     spans = blocks(start, stop)
     if threads > 1 and len(spans) > 1:
+        leaves: list[bytes] = []
         with ThreadPoolExecutor(threads) as pool:
-            return list(pool.map(lambda b: leaf(beton, *b), spans))
+            for at in range(0, len(spans), BLOCKS_IN_FLIGHT):
+                leaves.extend(pool.map(lambda b: leaf(beton, *b), spans[at : at + BLOCKS_IN_FLIGHT]))
+        return leaves
     return [leaf(beton, *b) for b in spans]
 
 

@@ -92,6 +92,7 @@ BUILTIN_POINTER_COLUMNS: dict[int, tuple[str, ...]] = {
 POINTER_TYPES = tuple(type_id for type_id, columns in BUILTIN_POINTER_COLUMNS.items() if columns)
 IMAGE_MODE_JPEG, IMAGE_MODE_RAW = 0, 1
 MAX_CUSTOM_RECORD = 1 << 20  # bytes of one custom field's metadata record
+MATCH_BLOCK = 1 << 18  # pointers matched at once by match_allocations
 MAX_EQUAL_POINTERS = 4  # allocations sharing one pointer (size-0 ones collide with the next) searched per lookup
 _NAME_CHARS = set(range(0x20, 0x7F))
 
@@ -320,6 +321,10 @@ class BetonFile:
         order = np.lexsort((size, sample, ptr))
         return ptr[order], sample[order], size[order]
 
+    def forget_sorted_table(self) -> None:
+        """Releases the pointer-sorted copy of the table (32 bytes an allocation); the next lookup sorts again."""
+        self.__dict__.pop("_sorted_table", None)
+
     def match_allocations(self, ptrs: np.ndarray, samples: np.ndarray, sizes: np.ndarray | None = None) -> np.ndarray:
         """Index (into the sorted table) of the allocation of each (ptr, sample[, size]); -1 where none.
 
@@ -333,15 +338,19 @@ class BetonFile:
         n = len(sorted_ptr)
         if n == 0 or len(ptrs) == 0:
             return found
-        start = np.searchsorted(sorted_ptr, ptrs, side="left")
-        for k in range(MAX_EQUAL_POINTERS):
-            at = np.minimum(start + k, n - 1)
-            hit = (start + k < n) & (sorted_ptr[at] == ptrs) & (sorted_sample[at] == samples)
-            if sizes is not None:
-                hit &= sorted_size[at] == sizes
-                found = np.where(hit & (found < 0), at, found)
-            else:
-                found = np.where(hit, at, found)
+        for lo in range(0, len(ptrs), MATCH_BLOCK):  # blocks: the temporaries stay a few MiB at any size
+            block = slice(lo, lo + MATCH_BLOCK)
+            want_ptr, want_sample, out = ptrs[block], samples[block], found[block]
+            want_size = None if sizes is None else np.asarray(sizes)[block]
+            start = np.searchsorted(sorted_ptr, want_ptr, side="left")
+            for k in range(MAX_EQUAL_POINTERS):
+                at = np.minimum(start + k, n - 1)
+                hit = (start + k < n) & (sorted_ptr[at] == want_ptr) & (sorted_sample[at] == want_sample)
+                if want_size is not None:
+                    hit &= sorted_size[at] == want_size
+                    out[:] = np.where(hit & (out < 0), at, out)
+                else:
+                    out[:] = np.where(hit, at, out)
         return found
 
     def allocation_size(self, row: int, ptr: int) -> int:

@@ -171,10 +171,9 @@ def merge_betons(
     header["page_size"] = page_size
     header["num_samples"] = num_samples
     header["alloc_table_ptr"] = alloc_table_ptr
-    head = b"".join([header.tobytes(), first.descriptors, *(b.tobytes() for b in metadata_blocks)])
-    assert len(head) == metadata_end
-    table_bytes = b"".join(t.tobytes() for t in alloc_blocks)
-    copier = _write_merged(target, method, head, headed, part_records, table_bytes, alloc_table_ptr, final_size)
+    blocks = [header.tobytes() + first.descriptors, *metadata_blocks]
+    assert sum(memoryview(b).nbytes for b in blocks) == metadata_end
+    copier = _write_merged(target, method, blocks, headed, part_records, alloc_blocks, alloc_table_ptr, final_size)
 
     return {
         "target": str(target),
@@ -199,17 +198,17 @@ def _shifted_tables(
     headed: list[_Part], columns: list[_Column], record_type: np.dtype, data_start: int, padded: list[int]
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[dict[str, Any]]]:
     """Every part's metadata and allocation table with pointers shifted to where its region lands and
-    sample ids offset, and per part the record of where it went."""
+    sample ids offset, in place (the one copy read is the one written), and per part where it went."""
     metadata_blocks, alloc_blocks, part_records = [], [], []
     region_offset, sample_offset = data_start, 0
     for part, region in zip(headed, padded):
         shift = region_offset - part.data_start  # >= 0 and a multiple of page_size
-        metadata = part.metadata.copy().view(record_type)
+        metadata = part.metadata.view(record_type)
         for i, column in enumerate(columns):
             for sub in column.pointers:
                 values = metadata[f"f{i}"] if sub == WHOLE_COLUMN else metadata[f"f{i}"][sub]
                 values += values.dtype.type(shift)
-        table = part.alloc_table.copy()
+        table = part.alloc_table
         table["ptr"] += np.uint64(shift)
         table["sample_id"] += np.uint64(sample_offset)
         metadata_blocks.append(metadata.view(np.uint8))
@@ -234,27 +233,31 @@ def _shifted_tables(
 def _write_merged(
     target: Path,
     method: str,
-    head: bytes,
+    head: list[bytes | np.ndarray],
     headed: list[_Part],
     part_records: list[dict[str, Any]],
-    table_bytes: bytes,
+    tables: list[np.ndarray],
     alloc_table_ptr: int,
     final_size: int,
 ) -> Copier:
-    """Writes header + metadata, every part's data region and the table at ``target`` (temp file + rename)."""
+    """Writes header + metadata (``head``), every part's data region and the tables at ``target`` (temp + rename)."""
     with atomic_path(target) as tmp:
         copier = Copier(method, target.parent)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
             try:
                 # Written in file order, as appends; page padding is skipped and stays a hole (zeros).
-                pwrite_all(fd, head, 0)
+                offset = 0
+                for block in head:
+                    offset += _pwrite_block(fd, block, offset)
                 for part, record in zip(headed, part_records):
                     if part.data_bytes:
                         copier.copy(
                             part.label, part.path, part.data_start, part.data_bytes, fd, record["target_offset"]
                         )
-                pwrite_all(fd, table_bytes, alloc_table_ptr)
+                offset = alloc_table_ptr
+                for table in tables:
+                    offset += _pwrite_block(fd, table, offset)
                 if os.fstat(fd).st_size < final_size:  # an empty table after a padded last page
                     os.ftruncate(fd, final_size)
             finally:
@@ -268,6 +271,11 @@ def _write_merged(
         if os.path.getsize(tmp) != final_size:
             raise MergeError(f"{target}: wrote {os.path.getsize(tmp)} bytes, expected {final_size}")
     return copier
+
+
+def _pwrite_block(fd: int, block: bytes | np.ndarray, offset: int) -> int:
+    pwrite_all(fd, memoryview(block).cast("B"), offset)  # arrays written from their own buffer
+    return memoryview(block).nbytes
 
 
 def _read_header(index: int, path: str) -> _Part:
@@ -417,9 +425,9 @@ def _read_tables(part: _Part, record_type: np.dtype, columns: list[_Column]) -> 
         raise MergeError(f"{part.label}: allocation table of {table_bytes} bytes is not a whole number of entries")
     with open(part.path, "rb") as fh:
         fh.seek(metadata_start)
-        part.metadata = np.frombuffer(fh.read(metadata_bytes), dtype=np.uint8)
+        part.metadata = np.fromfile(fh, dtype=np.uint8, count=metadata_bytes)
         fh.seek(part.alloc_table_ptr)
-        part.alloc_table = np.frombuffer(fh.read(table_bytes), dtype=ALLOC_TABLE_TYPE)
+        part.alloc_table = np.fromfile(fh, dtype=ALLOC_TABLE_TYPE, count=table_bytes // ALLOC_TABLE_TYPE.itemsize)
     if part.metadata.size != metadata_bytes or part.alloc_table.nbytes != table_bytes:
         raise MergeError(f"{part.label}: the file changed size while it was being read")
 

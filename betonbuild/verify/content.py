@@ -8,6 +8,7 @@ sample at a time, each by its kind (``FieldKind.compare``, ``betonbuild.fields``
 
 from __future__ import annotations
 
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -26,6 +27,7 @@ from betonbuild.write.contract import check_sample, check_value
 CHUNK_ROWS = 4096  # positions compared at once: bounds the memory of the vectorised comparison
 MIN_TASK_ROWS, MAX_TASK_ROWS = 16, 256  # positions per pool task when every sample is decoded
 MAX_PROBLEMS = 5
+TASKS_IN_FLIGHT = 64  # chunks submitted to the pool ahead of the one being merged
 
 
 @dataclass
@@ -151,11 +153,17 @@ class Chunk:
 
 
 def run_content(ctx: Context, pool: ThreadPoolExecutor) -> Tally:
+    """Every chunk compared on the pool, at most ``TASKS_IN_FLIGHT`` submitted at a time (a future
+    and its tally per chunk of a 100M-row file would be a per-sample cost), merged in order."""
     step, n = ctx.positions_per_task, len(ctx.indices)
-    futures = [pool.submit(_compare_chunk, ctx, s, min(s + step, n)) for s in range(0, n, step)]
+    in_flight: deque = deque()
     total = Tally()
-    for future in futures:
-        total.merge(future.result())
+    for start in range(0, n, step):
+        in_flight.append(pool.submit(_compare_chunk, ctx, start, min(start + step, n)))
+        if len(in_flight) >= TASKS_IN_FLIGHT:
+            total.merge(in_flight.popleft().result())
+    while in_flight:
+        total.merge(in_flight.popleft().result())
     return total
 
 

@@ -10,8 +10,12 @@ What a job holds in RAM:
   + the sample order one int64 per sample
   write, smoke       + the metadata table in shared memory (samples x record size)
                      + per worker (the job's threads) one page buffer and one forked process
-  verify(_smoke)     + the metadata table, + what it decodes: fixed-size fields in chunks (every
-                     sample's at once for python and webdataset sources), one ffcv.Loader batch
+                     (the work plan is the order itself; allocation records go to temp files)
+  verify(_smoke)     + the metadata table, + the allocation table's structural checks (the mapped
+                     table, a copy sorted by pointer, one check's temporaries), + what it decodes:
+                     fixed-size fields in chunks of 4096 rows, one ffcv.Loader batch (its process
+                     reads the metadata and allocation tables once more)
+  merge              + one copy of every part's metadata and allocation table (shifted in place)
 Both are multiplied by the attempt: with `retries` in the profile, a job killed for running out
 of memory or time is resubmitted asking for more.
 
@@ -28,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from betonbuild.beton.format import CUSTOM_TYPE_ID, POINTER_TYPES
 from betonbuild.config.spec import ORDER_BYTES_PER_SAMPLE, DatasetSpec, count_indices
 from betonbuild.errors import SourceError
 from betonbuild.fields import field_kind, metadata_type
@@ -39,6 +44,11 @@ PROCESS_MB = 768  # measured: a job that imported ffcv and torch peaks at 430-53
 WORKER_MB = 256  # a forked writer worker, beyond its page buffer
 ALLOCATION_BYTES = 24  # one allocation-table entry: sample id, pointer, size
 PYTHON_VALUE_BYTES = 160  # a numpy value in a Python list (verifying a python source)
+# verification, per allocation: the mapped table (24), a copy sorted by pointer (32), one structural
+# check's temporaries (32), the Loader process's copy (24). Measured: 4M rows, one allocation each,
+# ~90 bytes traced in the checking process, 40 in the Loader's.
+VERIFY_ALLOCATION_BYTES = 112
+VERIFY_LIVE_CHUNKS = 3  # chunks of fixed-size values alive at once (one per thread of a 2-core job, and one merging)
 LOADER_COPIES = 2  # ffcv.Loader's batch buffer and our decoded copy of it
 UNKNOWN_LENGTH = 1_000_000  # a python/webdataset source's length before its manifest exists
 # The manifest job is the first to learn such a source's length: it asks for room for an order of
@@ -139,12 +149,20 @@ def _write_mb(spec: DatasetSpec, samples: int, workers: int) -> int:
     return _base_mb(spec, samples) + _mb(table) + workers * (WORKER_MB + _mb(spec.writer.page_size))
 
 
+def _allocations(spec: DatasetSpec, samples: int) -> int:
+    """One allocation per sample for each field that stores a payload (int and float fields store
+    none; a custom field is counted as one)."""
+    kinds = [field_kind(f).type_id for f in spec.fields]
+    return samples * sum(t in POINTER_TYPES or t == CUSTOM_TYPE_ID for t in kinds)
+
+
 def _verify_mb(spec: DatasetSpec, samples: int) -> int:
-    table = samples * record_bytes(spec)
+    table = 2 * samples * record_bytes(spec) + _allocations(spec, samples) * VERIFY_ALLOCATION_BYTES
+    chunk = min(samples, CHUNK_ROWS) * VERIFY_LIVE_CHUNKS
     if gathers_fixed_values_one_by_one(spec):
-        fixed = samples * (2 * fixed_bytes(spec) + _fixed_fields(spec) * PYTHON_VALUE_BYTES)
+        fixed = chunk * (2 * fixed_bytes(spec) + _fixed_fields(spec) * PYTHON_VALUE_BYTES)
     else:
-        fixed = min(samples, CHUNK_ROWS) * 3 * fixed_bytes(spec)
+        fixed = chunk * fixed_bytes(spec)
     batch = min(samples, spec.verify["loader_batch"]) * decoded_bytes(spec) * LOADER_COPIES
     return _base_mb(spec, samples) + _mb(table + fixed + batch)
 
@@ -229,10 +247,10 @@ def part_verify_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, part:
 
 
 def merge_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
-    """Every part's metadata and allocation table, and the merged copies of them."""
+    """Every part's metadata and allocation table, read once and shifted in place."""
     samples = num_samples(spec, manifest)
-    allocations = samples * len(spec.fields) * ALLOCATION_BYTES
-    return (PROCESS_MB + 2 * _mb(samples * record_bytes(spec) + allocations)) * attempt
+    allocations = _allocations(spec, samples) * ALLOCATION_BYTES
+    return (PROCESS_MB + _mb(samples * record_bytes(spec) + allocations)) * attempt
 
 
 def merge_runtime(part_paths, attempt: int = 1) -> int:

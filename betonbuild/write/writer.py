@@ -27,6 +27,7 @@ from betonbuild.errors import SampleError, SourceError, WriteError
 from betonbuild.fields import build_fields
 from betonbuild.write.contract import check_sample
 from betonbuild.write.progress import Progress
+from betonbuild.write.workplan import WorkPlan
 
 
 class WriteInterrupted(WriteError):
@@ -203,9 +204,13 @@ def write_beton(
     """Writes ``source[order[i]]`` as sample i of ``target``; returns a record of the write.
 
     ``work_items`` (lists of (sample, source index)) replaces the even chunks of ``chunksize``,
-    e.g. one item per webdataset shard so each shard is read once, by one worker.
+    e.g. one item per webdataset shard so each shard is read once, by one worker. Either becomes a
+    ``WorkPlan`` of numpy arrays first (``work_items`` is released): no Python object per sample
+    stays alive during the write.
     """
     log = log or sys.stderr
+    plan = WorkPlan.even(order, spec.writer.chunksize) if work_items is None else WorkPlan.groups(work_items)
+    del work_items
     dataset = CheckedDataset(spec, source)
     fields = build_fields(spec)
     num_workers = max(1, min(num_workers, len(order)))
@@ -222,10 +227,7 @@ def write_beton(
             describe_failure=describe_failure,
         )
         try:
-            if work_items is None:
-                writer.from_indexed_dataset(dataset, indices=order, chunksize=spec.writer.chunksize)
-            else:
-                writer._write_common(len(order), work_items, None, (dataset,))
+            writer.write(dataset, plan)
         except OSError as exc:
             if exc.errno in DISK_FULL_ERRNOS:
                 raise disk_full_error(spec.name, exc) from exc
