@@ -58,7 +58,15 @@ def check_still_owner(target: str | os.PathLike) -> None:
         "nothing to do here (run snakemake again if that newer run did not finish)"
     )
     _record(Path(owner_file).with_name(FENCED_LOG), message)
-    raise WriteError(message)
+    raise SupersededError(message)
+
+
+class SupersededError(WriteError):
+    """A job of a run that no longer owns the directory. Its snakemake is dead (nothing prints the
+    job's log) and the newer run recreated that log, so ``rulescript.run`` also writes this one to
+    the console the job was started from."""
+
+    to_console = True
 
 
 def _record(log: Path, message: str) -> None:

@@ -49,6 +49,7 @@ def run(snakemake, stage: Callable[[], object]) -> None:
     """
     log_path = snakemake.log[0] if snakemake.log else None
     log = open(log_path, "w") if log_path else None
+    console = os.fdopen(os.dup(2), "w")  # for an error no Snakemake is left to print (``to_console``)
     if log:
         traceback_path(log_path).unlink(missing_ok=True)  # a traceback is always from this run
         sys.stdout.flush()
@@ -61,6 +62,8 @@ def run(snakemake, stage: Callable[[], object]) -> None:
         if getattr(exc, "worker_traceback", None):
             _keep_traceback(log_path, exc.worker_traceback)
         print(f"betonbuild error: {exc}", file=sys.stderr, flush=True)
+        if log and getattr(exc, "to_console", False):
+            print(f"betonbuild error: {exc}", file=console, flush=True)
         sys.exit(1)
     except SystemExit:
         raise
