@@ -205,17 +205,19 @@ def test_quick_refuses_to_record_into_the_main_results():
 
 
 def test_a_real_run_whose_side_fails_records_failed_and_keeps_the_old_figures_labelled(project):
+    committed = json.loads(Path(project["json"]).read_text())["benchmarks"]["raw_write"]  # the last real figures
+    old_tree, old_figure = committed["tree"][:10], f"**{committed['ratios'][1]['median']:.2f}**"
     done = fixture_run(project, "fail")
     assert done.returncode == 1
     entry = json.loads(Path(project["json"]).read_text())["benchmarks"]["raw_write"]
     assert entry["status"] == "error" and entry["failure"]["side"] == "cp"
-    assert entry["tree"].startswith("fedcba9876") and entry["last_success"]["tree"].startswith("d05cfb93a3")
+    assert entry["tree"].startswith("fedcba9876") and entry["last_success"]["tree"].startswith(old_tree)
     for key in ("markdown", "readme"):
         text = Path(project[key]).read_text()
         row = next(line for line in text.splitlines() if line.startswith("| 2 |") and "FAILED" in line)
         assert "side `cp` exited 1" in row and "`fedcba9876`" in row, key
-        old = [line for line in text.splitlines() if line.startswith("| 2 |") and "**3.18**" in line]
-        assert old and all("last successful measurement (at `d05cfb93a3`, not current)" in line for line in old)
+        old = [line for line in text.splitlines() if line.startswith("| 2 |") and old_figure in line]
+        assert old and all(f"last successful measurement (at `{old_tree}`, not current)" in line for line in old)
     assert "the side broke" in Path(project["markdown"]).read_text()
 
 
