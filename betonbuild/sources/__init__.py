@@ -3,7 +3,8 @@
 - ``arrays``: columns of an .npz file, or one .npy file per column (memory-mapped);
 - ``image_folder``: ``root/<class>/<file>`` -> (PIL image, class index), classes = sorted folder names;
 - ``python``: the user's ``module:factory(**args)``, imported with the working directory on sys.path;
-- ``webdataset``: local .tar shards, indexed through their derived shard list (``shards``).
+- ``webdataset``: local .tar shards, indexed through their derived shard list (``shards``);
+- ``parquet``: local .parquet files, read a row group at a time (``arrow_columns`` maps the columns).
 
 Every kind implements ``base.Source``; ``SOURCE_KINDS`` maps a config's ``source.kind`` to it, and
 the functions here ask the kind, so that no caller branches on the kind's name. Adding a kind is
@@ -26,12 +27,13 @@ from betonbuild.sources.arrays import ArraysSource
 from betonbuild.sources.base import Source
 from betonbuild.sources.files import fingerprint_files, sha256_file
 from betonbuild.sources.image_folder import ImageFolderSource
+from betonbuild.sources.parquet import ParquetSource
 from betonbuild.sources.python import PythonSource
 from betonbuild.sources.shards import SHARD_LIST
 from betonbuild.sources.webdataset import WebDatasetSource
 
 SOURCE_KINDS: dict[str, type[Source]] = {
-    cls.kind: cls for cls in (ArraysSource, ImageFolderSource, PythonSource, WebDatasetSource)
+    cls.kind: cls for cls in (ArraysSource, ImageFolderSource, PythonSource, WebDatasetSource, ParquetSource)
 }
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "SOURCE_KINDS",
     "ArraysSource",
     "ImageFolderSource",
+    "ParquetSource",
     "PythonSource",
     "Source",
     "WebDatasetSource",

@@ -19,6 +19,7 @@ from betonbuild.sources import (
     SOURCE_KINDS,
     ArraysSource,
     ImageFolderSource,
+    ParquetSource,
     PythonSource,
     WebDatasetSource,
     gathers_fixed_values_one_by_one,
@@ -80,12 +81,13 @@ def python_spec(factory: str = "bb_kinds_module:make") -> DatasetSpec:
 # --- the registry and the interface --------------------------------------------------------------
 
 
-def test_the_registry_holds_the_four_kinds_by_their_config_name():
+def test_the_registry_holds_the_kinds_by_their_config_name():
     assert SOURCE_KINDS == {
         "arrays": ArraysSource,
         "image_folder": ImageFolderSource,
         "python": PythonSource,
         "webdataset": WebDatasetSource,
+        "parquet": ParquetSource,
     }
     assert all(cls.kind == name for name, cls in SOURCE_KINDS.items())
 
@@ -109,9 +111,10 @@ def test_the_kinds_flags():
         "image_folder": False,
         "python": True,
         "webdataset": False,
+        "parquet": False,
     }
     assert [k for k, c in SOURCE_KINDS.items() if c.needs_shard_list] == ["webdataset"]
-    assert sorted(k for k, c in SOURCE_KINDS.items() if c.gives_fixed_columns) == ["arrays", "image_folder"]
+    assert sorted(k for k, c in SOURCE_KINDS.items() if c.gives_fixed_columns) == ["arrays", "image_folder", "parquet"]
     assert [k for k, c in SOURCE_KINDS.items() if c.fingerprint_from_parts] == ["arrays"]
 
 
@@ -121,6 +124,7 @@ def test_source_class_of_each_kind(tmp_path, photo_folder):
         "image_folder": folder_spec(photo_folder),
         "python": python_spec(),
         "webdataset": wds_spec("x.tar"),
+        "parquet": make_spec({"kind": "parquet", "path": "x.parquet"}, {"x": {"type": "int"}}),
     }
     assert {kind: source_class(spec) for kind, spec in specs.items()} == SOURCE_KINDS
 

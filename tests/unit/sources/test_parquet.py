@@ -1,0 +1,298 @@
+"""``kind: parquet``: files, globs and directories, row-group reading, the column rules, fixed
+columns, parts of whole row groups, cached fingerprints, and every bad input named by dataset,
+field and row (file and row group)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from parquet_samples import IMAGE_FIELDS, NUMERIC_FIELDS, jpeg_crops, numeric_table, write_numeric
+from PIL import Image
+
+from betonbuild.config.load import load_config
+from betonbuild.errors import ConfigError, SampleError, SourceError
+from betonbuild.provenance import ffcv_build
+from betonbuild.sources import SOURCE_KINDS, input_files, open_source
+from betonbuild.sources.parquet import ParquetSource
+from betonbuild.verify import verify_beton
+from betonbuild.write.contract import check_sample
+from betonbuild.write.writer import write_beton
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+def make_spec(path, fields=None, name: str = "pq", **source):
+    entry = {"source": {"kind": "parquet", "path": path, **source}, "fields": fields or NUMERIC_FIELDS}
+    return load_config({"datasets": {name: entry}}).datasets[name]
+
+
+@pytest.fixture
+def two_files(tmp_path: Path) -> Path:
+    write_numeric(tmp_path / "data" / "a.parquet", 40, start=0)
+    write_numeric(tmp_path / "data" / "b.parquet", 30, start=40)
+    return tmp_path / "data"
+
+
+def test_the_kind_is_registered():
+    assert SOURCE_KINDS["parquet"] is ParquetSource
+
+
+@pytest.mark.parametrize("form", ["directory", "glob", "list"])
+def test_a_directory_a_glob_and_a_list_name_the_same_files_in_order(two_files, form):
+    path = {
+        "directory": str(two_files),
+        "glob": str(two_files / "*.parquet"),
+        "list": [str(two_files / "a.parquet"), str(two_files / "b.parquet")],
+    }[form]
+    spec = make_spec(path)
+    assert input_files(spec) == [str(two_files / "a.parquet"), str(two_files / "b.parquet")]
+    source = open_source(spec)
+    assert len(source) == 70
+    assert source.shard_counts() == [16, 16, 8, 16, 14]  # row groups of 16 rows, file after file
+    ident, score, vec = source[45]
+    want = numeric_table(30, start=40)
+    assert ident == 45 and score == want["score"][5].as_py()
+    np.testing.assert_array_equal(vec, np.asarray(want["vec"][5].as_py(), dtype=np.float32))
+    assert vec.dtype == np.float32 and vec.shape == (8,)
+    assert check_sample(spec, source[45], 45)[0] == 45
+
+
+def test_rows_are_read_a_row_group_at_a_time(two_files, monkeypatch):
+    source = open_source(make_spec(str(two_files)))
+    reads = []
+    original = ParquetSource._read_batch
+    monkeypatch.setattr(ParquetSource, "_read_batch", lambda self, g, c: reads.append(g) or original(self, g, c))
+    for index in range(len(source)):
+        source[index]
+    assert reads == [0, 1, 2, 3, 4]
+
+
+def test_fixed_columns_give_every_fixed_field_as_arrays_of_any_rows(two_files):
+    source = open_source(make_spec(str(two_files)))
+    columns = source.fixed_columns()
+    assert sorted(columns) == ["id", "score", "vec"]
+    rows = np.array([69, 0, 17, 40, 41])
+    np.testing.assert_array_equal(columns["id"][rows], rows)
+    assert columns["vec"][rows].shape == (5, 8)
+    np.testing.assert_array_equal(columns["vec"][rows][3], source[40][2])
+
+
+def test_work_items_are_whole_row_groups(two_files):
+    source = open_source(make_spec(str(two_files)))
+    items = source.work_items(np.arange(70))
+    assert [len(item) for item in items] == [16, 16, 8, 16, 14]
+    assert items[3][0].tolist() == [40, 40]
+
+
+def test_dotted_columns_and_text_and_variable_lists(tmp_path):
+    table = numeric_table(10).combine_chunks()
+    meta = pa.StructArray.from_arrays([table["id"].chunk(0), table["text"].chunk(0)], ["key", "text"])
+    pq.write_table(pa.Table.from_arrays([meta, table["tokens"]], ["meta", "tokens"]), tmp_path / "n.parquet")
+    fields = {"key": {"type": "int"}, "text": {"type": "json"}, "tokens": {"type": "json"}}
+    spec = make_spec(str(tmp_path / "n.parquet"), fields, columns={"key": "meta.key", "text": "meta.text"})
+    key, text, tokens = open_source(spec)[3]
+    assert (key, text) == (3, "row 3")
+    assert tokens.tolist() == [0, 1, 2, 3]  # a variable-length list: one numpy array per row
+
+
+def test_a_write_and_its_verification_pass(two_files, tmp_path):
+    spec = make_spec(str(two_files))
+    source = open_source(spec)
+    rows = np.arange(len(source))
+    write_beton(spec, source, rows, tmp_path / "out.beton", 2, log=open(os.devnull, "w"))
+    report = verify_beton(spec, source, rows, str(tmp_path / "out.beton"), ffcv_build())
+    assert report["ok"], report
+
+
+def image_table(n: int):
+    """A Hugging Face Image column (struct of bytes and path) of real JPEGs, and a label."""
+    encoded = jpeg_crops(n)
+    image = pa.StructArray.from_arrays(
+        [pa.array(encoded, pa.binary()), pa.array([f"{i}.jpg" for i in range(n)])], ["bytes", "path"]
+    )
+    return pa.table({"image": image, "label": pa.array(np.arange(n) % 3)}), encoded
+
+
+def test_an_image_struct_column_is_an_rgb_image_and_its_bytes_are_kept(tmp_path):
+    table, encoded = image_table(6)
+    pq.write_table(table, tmp_path / "img.parquet", row_group_size=4)
+    spec = make_spec(str(tmp_path / "img.parquet"), IMAGE_FIELDS)
+    source = open_source(spec)
+    image, label = source[5]
+    assert isinstance(image, Image.Image) and image.size == (32, 32) and label == 2
+    assert source.encoded_image(5).tobytes() == encoded[5]
+    np.testing.assert_array_equal(check_sample(spec, source[5], 5)[0], np.asarray(image))
+    by_bytes = make_spec(str(tmp_path / "img.parquet"), IMAGE_FIELDS, columns={"image": "image.bytes"})
+    assert open_source(by_bytes).encoded_image(0).tobytes() == encoded[0]
+    rows = np.arange(6)
+    write_beton(spec, source, rows, tmp_path / "img.beton", 1, log=open(os.devnull, "w"))
+    assert verify_beton(spec, source, rows, str(tmp_path / "img.beton"), ffcv_build())["ok"]
+
+
+# -- fingerprints --------------------------------------------------------------------------------
+
+
+def test_fingerprints_change_with_the_file_they_cover_and_hashes_are_cached(two_files, tmp_path):
+    cache_dir = tmp_path / "results"
+    cache_dir.mkdir()
+    spec = make_spec(str(two_files))
+    source = ParquetSource.open(spec, cache_dir)
+    inputs = source.inputs_fingerprint()
+    first_part, second_part = (
+        source.part_fingerprint(np.arange(40), inputs),
+        source.part_fingerprint(np.arange(40, 70), inputs),
+    )
+    assert (cache_dir / ".parquet-cache.json").exists()
+
+    hashed = []
+    import betonbuild.sources.cached_hashes as cached
+
+    original = cached.sha256_file
+    cached.sha256_file = lambda path: hashed.append(path) or original(path)
+    try:
+        assert ParquetSource.open(spec, cache_dir).inputs_fingerprint() == inputs  # nothing read again
+        assert hashed == []
+        time.sleep(0.01)
+        write_numeric(two_files / "b.parquet", 30, start=1000)  # same size and shape, other values
+        again = ParquetSource.open(spec, cache_dir)
+        changed = again.inputs_fingerprint()
+        assert hashed == [str(two_files / "b.parquet")]
+    finally:
+        cached.sha256_file = original
+    assert changed["sha256"] != inputs["sha256"]
+    assert again.part_fingerprint(np.arange(40), changed) == first_part
+    assert again.part_fingerprint(np.arange(40, 70), changed) != second_part
+
+
+# -- config errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ({"path": "hf://datasets/x/train.parquet"}, "is a URL"),
+        ({"path": "a.parquet", "columns": {"nope": "id"}}, r"columns: names \['nope'\], which are not fields"),
+    ],
+)
+def test_config_errors_name_the_key(source, message):
+    with pytest.raises(ConfigError, match=message):
+        make_spec(**source)
+
+
+@pytest.mark.parametrize("writer", [{"shuffle": True}, {"indices": [0, 1]}])
+def test_shuffle_and_indices_are_refused(writer):
+    entry = {"source": {"kind": "parquet", "path": "a.parquet"}, "fields": NUMERIC_FIELDS, "writer": writer}
+    with pytest.raises(ConfigError, match="written in row order"):
+        load_config({"datasets": {"pq": entry}})
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+
+def test_a_truncated_file_is_named(two_files):
+    path = two_files / "b.parquet"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SourceError, match=r"dataset 'pq': .*b\.parquet is not a readable Parquet file \(truncated"):
+        open_source(make_spec(str(two_files)))
+
+
+def test_a_file_that_is_not_parquet_is_named(tmp_path):
+    (tmp_path / "x.parquet").write_text("id,score\n1,2.0\n")
+    with pytest.raises(SourceError, match=r"x\.parquet is not a readable Parquet file"):
+        open_source(make_spec(str(tmp_path / "x.parquet")))
+
+
+def test_a_missing_column_lists_the_columns(two_files):
+    spec = make_spec(str(two_files), {"id": {"type": "int"}, "label": {"type": "int"}})
+    with pytest.raises(SourceError) as caught:
+        open_source(spec)
+    text = str(caught.value)
+    assert "field 'label' reads column 'label'" in text and "a.parquet does not have" in text
+    assert "['id', 'score', 'vec', 'tokens', 'text']" in text and "source.columns.label" in text
+
+
+def test_a_float64_column_into_an_int_field_is_refused(two_files):
+    spec = make_spec(str(two_files), {"score": {"type": "int"}})
+    with pytest.raises(
+        SourceError,
+        match=r"field 'score' \(int\) reads column 'score' .* holds double; a int field "
+        "needs an integer column",
+    ):
+        open_source(spec)
+
+
+def test_a_list_of_another_dtype_or_size_into_an_ndarray_field_is_refused(two_files):
+    with pytest.raises(SourceError, match="needs float64 elements. Fix: set the field's dtype to float32"):
+        open_source(make_spec(str(two_files), {"vec": {"type": "ndarray", "dtype": "float64", "shape": [8]}}))
+    with pytest.raises(SourceError, match=r"needs 4 elements per row \(shape \[2, 2\]\), not 8"):
+        open_source(make_spec(str(two_files), {"vec": {"type": "ndarray", "dtype": "float32", "shape": [2, 2]}}))
+
+
+def test_a_null_is_refused_when_the_source_opens_naming_the_row(tmp_path):
+    table = numeric_table(40)
+    scores = table["score"].to_pylist()
+    scores[37] = None
+    pq.write_table(table.set_column(1, "score", pa.array(scores)), tmp_path / "n.parquet", row_group_size=16)
+    started = time.monotonic()
+    with pytest.raises(SampleError) as caught:
+        open_source(make_spec(str(tmp_path / "n.parquet")))
+    assert time.monotonic() - started < 5
+    error = caught.value
+    assert (error.dataset, error.field, error.index) == ("pq", "score", 37)
+    assert "column 'score' is null in this row" in str(error)
+    assert "n.parquet, row group 2, row 37 of the file" in str(error)
+
+
+def test_list_lengths_that_do_not_fit_an_ndarray_field_are_refused_by_row(tmp_path):
+    table = numeric_table(20)
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=8)
+    fields = {"tokens": {"type": "ndarray", "dtype": "int32", "shape": [3]}}
+    source = open_source(make_spec(str(tmp_path / "t.parquet"), fields))
+    assert source[2][0].tolist() == [0, 1, 2]  # rows of exactly 3 elements read
+    with pytest.raises(SampleError) as caught:
+        source[9]
+    error = caught.value
+    assert (error.field, error.index) == ("tokens", 9)
+    assert "holds 5 elements in this row; the field's shape [3] needs 3" in str(error)
+    assert "row group 1, row 9 of the file" in str(error) and "ragged_ndarray" in str(error)
+
+
+def test_a_null_element_inside_a_list_is_refused_by_row(tmp_path):
+    vec = [[1.0, 2.0]] * 5
+    vec[3] = [1.0, None]
+    pq.write_table(pa.table({"vec": pa.array(vec, pa.list_(pa.float32()))}), tmp_path / "v.parquet")
+    source = open_source(
+        make_spec(str(tmp_path / "v.parquet"), {"vec": {"type": "ndarray", "dtype": "float32", "shape": [2]}})
+    )
+    assert source[2][0].tolist() == [1.0, 2.0]
+    with pytest.raises(SampleError, match=r"sample index 3 .*column 'vec' has a null element in this row"):
+        source[3]
+
+
+def test_a_damaged_row_group_is_named(two_files):
+    path = two_files / "a.parquet"
+    metadata = pq.ParquetFile(path).metadata
+    offset = metadata.row_group(1).column(1).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[offset : offset + 64] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+    source = open_source(make_spec(str(two_files)))
+    with pytest.raises(
+        SampleError, match=r"sample index 16 .*a\.parquet, row group 1, row 16 of the file\): cannot read"
+    ):
+        source[20]
+
+
+def test_an_image_that_does_not_decode_is_named(tmp_path):
+    table, _ = image_table(4)
+    broken = pa.StructArray.from_arrays([pa.array([b"not a jpeg"] * 4), pa.array(["x"] * 4)], ["bytes", "path"])
+    pq.write_table(table.set_column(0, "image", broken), tmp_path / "b.parquet")
+    with pytest.raises(SampleError, match=r"field 'image', sample index 1 .*cannot decode its image bytes"):
+        open_source(make_spec(str(tmp_path / "b.parquet"), IMAGE_FIELDS))[1]
