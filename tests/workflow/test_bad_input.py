@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 from conftest import BIN, run_snakemake, write_config
+from parquet_samples import NUMERIC_FIELDS, write_numeric
 
 from betonbuild.config.spec import smoke_positions
 
@@ -758,6 +759,7 @@ def keep_going(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, flo
     """One `snakemake --keep-going` run: a good dataset beside seven bad ones."""
     workdir = workdir_with_adapter(tmp_path_factory.mktemp("keep_going"))
     save_digits(workdir / "digits.npz")
+    write_parquet_bad_input(workdir / "parquet")
     write_config(
         workdir,
         {
@@ -773,11 +775,30 @@ def keep_going(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, flo
             # the source cannot even be opened
             "bad_import": python_dataset("basic", factory="no_such_module:make"),
             "bad_factory": python_dataset("explode"),
+            # a Parquet file cut short, and one with a null where an int is due
+            "bad_parquet": parquet_dataset("parquet/cut.parquet"),
+            "bad_parquet_null": parquet_dataset("parquet/null.parquet"),
         },
     )
     started = time.monotonic()
     result = run_snakemake(workdir, "--keep-going", timeout=240, check=False)
     return workdir, result, time.monotonic() - started
+
+
+def write_parquet_bad_input(folder: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cut = write_numeric(folder / "cut.parquet", 100)
+    cut.write_bytes(cut.read_bytes()[:-100])
+    table = pq.read_table(write_numeric(folder / "null.parquet", 100))
+    ids = table["id"].to_pylist()
+    ids[37] = None
+    pq.write_table(table.set_column(0, "id", pa.array(ids, pa.int64())), folder / "null.parquet", row_group_size=16)
+
+
+def parquet_dataset(path: str) -> dict:
+    return {"source": {"kind": "parquet", "path": path}, "fields": NUMERIC_FIELDS, "smoke": {"samples": 4}}
 
 
 def test_keep_going_the_good_dataset_still_verifies(keep_going):
@@ -835,6 +856,16 @@ def _log_tail(workdir: Path, stage: str, name: str) -> str:
             "bad_factory",
             "betonbuild error: dataset 'bad_factory': factory badsource:make raised ValueError: "
             "cannot open /nowhere/index.csv",
+        ),
+        (
+            "bad_parquet",
+            "betonbuild error: dataset 'bad_parquet': parquet/cut.parquet is not a readable Parquet file "
+            "(truncated, or not Parquet)",
+        ),
+        (
+            "bad_parquet_null",
+            "betonbuild error: dataset 'bad_parquet_null', field 'id', sample index 37 (file parquet/null.parquet, "
+            "row group 2, row 37 of the file): column 'id' is null in this row. Fix: fill or drop the null rows",
         ),
     ],
 )
