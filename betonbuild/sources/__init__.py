@@ -4,7 +4,8 @@
 - ``image_folder``: ``root/<class>/<file>`` -> (PIL image, class index), classes = sorted folder names;
 - ``python``: the user's ``module:factory(**args)``, imported with the working directory on sys.path;
 - ``webdataset``: local .tar shards, indexed through their derived shard list (``shards``);
-- ``parquet``: local .parquet files, read a row group at a time (``arrow_columns`` maps the columns).
+- ``parquet``: local .parquet files, read a row group at a time (``arrow_columns`` maps the columns);
+- ``huggingface``: a ``datasets`` save_to_disk directory, read offline with ``load_from_disk``.
 
 Every kind implements ``base.Source``; ``SOURCE_KINDS`` maps a config's ``source.kind`` to it, and
 the functions here ask the kind, so that no caller branches on the kind's name. Adding a kind is
@@ -26,6 +27,7 @@ from betonbuild.sources.adapters import import_factory, reference_files
 from betonbuild.sources.arrays import ArraysSource
 from betonbuild.sources.base import Source
 from betonbuild.sources.files import fingerprint_files, sha256_file
+from betonbuild.sources.huggingface import HuggingFaceSource
 from betonbuild.sources.image_folder import ImageFolderSource
 from betonbuild.sources.parquet import ParquetSource
 from betonbuild.sources.python import PythonSource
@@ -33,13 +35,15 @@ from betonbuild.sources.shards import SHARD_LIST
 from betonbuild.sources.webdataset import WebDatasetSource
 
 SOURCE_KINDS: dict[str, type[Source]] = {
-    cls.kind: cls for cls in (ArraysSource, ImageFolderSource, PythonSource, WebDatasetSource, ParquetSource)
+    cls.kind: cls
+    for cls in (ArraysSource, ImageFolderSource, PythonSource, WebDatasetSource, ParquetSource, HuggingFaceSource)
 }
 
 __all__ = [
     "SHARD_LIST",
     "SOURCE_KINDS",
     "ArraysSource",
+    "HuggingFaceSource",
     "ImageFolderSource",
     "ParquetSource",
     "PythonSource",

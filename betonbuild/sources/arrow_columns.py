@@ -69,12 +69,25 @@ def column_type(schema, dotted: str):
     top, *path = dotted.split(".")
     if top not in schema.names:
         return None
-    dtype = schema.field(top).type
+    dtype = storage_type(schema.field(top).type)
     for name in path:
         if not pa.types.is_struct(dtype) or dtype.get_field_index(name) < 0:
             return None
-        dtype = dtype.field(name).type
+        dtype = storage_type(dtype.field(name).type)
     return dtype
+
+
+def storage_type(dtype):
+    """An extension type's storage (e.g. ``datasets``' Array2D: nested lists), else the type itself."""
+    import pyarrow as pa
+
+    return dtype.storage_type if isinstance(dtype, pa.ExtensionType) else dtype
+
+
+def _storage(array):
+    import pyarrow as pa
+
+    return array.storage if isinstance(array, pa.ExtensionArray) else array
 
 
 def plan_columns(
@@ -244,11 +257,11 @@ def decode_column(plan: ColumnPlan, chunked) -> Column:
     """One field's column of a batch (a pyarrow ChunkedArray or Array of the top-level column)."""
     import pyarrow as pa
 
-    array = chunked.combine_chunks() if isinstance(chunked, pa.ChunkedArray) else chunked
+    array = _storage(chunked.combine_chunks() if isinstance(chunked, pa.ChunkedArray) else chunked)
     nulls = np.zeros(len(array), dtype=bool)
     for name in plan.path:  # into the struct, a null parent making the member null
         nulls |= _null_mask(array)
-        array = array.field(name)
+        array = _storage(array.field(name))
     if plan.role == "image":
         nulls |= _null_mask(array)
         array = array.field("bytes")
@@ -273,6 +286,11 @@ def _null_mask(array) -> np.ndarray:
 
 
 def _null_message(plan: ColumnPlan) -> str:
+    if plan.role == "image":
+        return (
+            f"column {plan.column!r} holds no image bytes in this row (a null, or an image stored only by its "
+            "path: betonbuild reads the bytes the file holds; embed the images before saving the dataset)"
+        )
     return f"column {plan.column!r} is null in this row"
 
 

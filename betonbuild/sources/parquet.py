@@ -18,7 +18,6 @@ by the functions that read: the DAG lists the files (``input_files``) without it
 from __future__ import annotations
 
 import glob
-import hashlib
 import importlib.util
 import os
 import re
@@ -26,160 +25,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from betonbuild.config.spec import DatasetSpec, FieldSpec
-from betonbuild.errors import ConfigError, SampleError, SourceError
-from betonbuild.sources.arrow_columns import Column, ColumnPlan, decode_column, image_error, plan_columns
-from betonbuild.sources.base import Source
-from betonbuild.sources.cached_hashes import cached_file_hashes
+from betonbuild.errors import ConfigError, SourceError
+from betonbuild.sources.arrow_columns import plan_columns
 from betonbuild.sources.files import require_files
+from betonbuild.sources.row_groups import NULL_CHECKED_ROLES, RowGroupSource, check_in_order, raise_first_problem
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # http:, s3:, hf:, gs: ...
 HASH_CACHE = ".parquet-cache.json"
-
-
-class RowGroupSource(Source):
-    """Sample i is a row of one of ``row_groups`` (an Arrow table read in batches); the subclass
-    says where the batches come from (``_read_batch``) and which file each belongs to."""
-
-    gives_fixed_columns = True  # the int, float and ndarray fields, read a row group at a time
-
-    plans: list[ColumnPlan]
-    offsets: np.ndarray  # row group g holds samples offsets[g]:offsets[g + 1]
-
-    def _start(self) -> None:
-        self._local = threading.local()  # each thread (and forked worker) decodes its own row group
-        self._pid = os.getpid()
-
-    def _read_batch(self, group: int, columns: list[str]):
-        """The top-level ``columns`` of row group ``group``, as a pyarrow Table."""
-        raise NotImplementedError
-
-    def location(self, group: int, local: int) -> str:
-        """Where a row is, for error messages."""
-        raise NotImplementedError
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    def group_of(self, index: int) -> int:
-        return int(np.searchsorted(self.offsets, index, side="right") - 1)
-
-    def shard_counts(self) -> list[int]:
-        """Rows per row group: a part is a group of whole row groups."""
-        return np.diff(self.offsets).tolist()
-
-    def work_items(self, rows: np.ndarray) -> list:
-        """One work item per row group, so each row group is decoded once, by one worker."""
-        groups = np.searchsorted(self.offsets, rows, side="right") - 1
-        pairs = np.stack([np.arange(len(rows), dtype=np.int64), np.asarray(rows, dtype=np.int64)], axis=1)
-        cuts = np.flatnonzero(np.diff(groups)) + 1
-        return np.split(pairs, cuts) if len(rows) else []
-
-    def decoded(self, group: int, plans: list[ColumnPlan] | None = None) -> list[Column]:
-        """The mapped columns of one row group, decoded (``plans``: a subset, not cached)."""
-        wanted = self.plans if plans is None else plans
-        try:
-            table = self._read_batch(group, sorted({p.top for p in wanted}))
-            return [decode_column(p, table.column(p.top)) for p in wanted]
-        except SampleError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - pyarrow's errors of a damaged file have many types
-            raise SampleError(
-                self.spec.name,
-                None,
-                int(self.offsets[group]),
-                f"cannot read the row group: {type(exc).__name__}: {exc}",
-                "write the file again, or copy it again if it was cut",
-                location=self.location(group, 0),
-            ) from None
-
-    def _row_group(self, group: int) -> list[Column]:
-        if os.getpid() != self._pid:  # a forked writer worker must not share its parent's cache
-            self._local, self._pid = threading.local(), os.getpid()
-        cached = getattr(self._local, "cached", None)
-        if cached is None or cached[0] != group:
-            cached = self._local.cached = (group, self.decoded(group))
-        return cached[1]
-
-    def __getitem__(self, index: int) -> tuple:
-        index = int(index)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        group = self.group_of(index)
-        local = index - int(self.offsets[group])
-        values = []
-        for column in self._row_group(group):
-            field = column.plan.field.name
-            problem = column.problem(local)
-            if problem:
-                raise SampleError(self.spec.name, field, index, problem, location=self.location(group, local))
-            try:
-                values.append(column.value(local))
-            except Exception as exc:  # noqa: BLE001 - an image that does not decode is this row's error
-                why, fix = image_error(exc)
-                raise SampleError(
-                    self.spec.name, field, index, why, fix, location=self.location(group, local)
-                ) from None
-        return tuple(values)
-
-    def encoded_image(self, index: int) -> np.ndarray | None:
-        """The image bytes of the first image field, as stored (for ``source_jpeg: keep`` and the
-        verifier's direct decode, which take the first variable-size field to be the image)."""
-        variable = [c for c in self._row_group(self.group_of(int(index))) if not c.plan.fixed]
-        if (
-            not variable
-            or variable[0].plan.role not in ("image", "binary")
-            or variable[0].plan.field.type != "rgb_image"
-        ):
-            return None
-        local = int(index) - int(self.offsets[self.group_of(int(index))])
-        if variable[0].problem(local):
-            return None
-        return np.array(variable[0].encoded(local))
-
-    def fixed_columns(self) -> dict[str, Any]:
-        return {p.field.name: FixedColumn(self, p) for p in self.plans if p.fixed}
-
-
-class FixedColumn:
-    """A fixed-size field's values indexed by an array of source indices, read one row group at a
-    time (verification compares thousands of rows at once without a Python object per row)."""
-
-    def __init__(self, source: RowGroupSource, plan: ColumnPlan):
-        self.source, self.plan = source, plan
-        self._lock = threading.Lock()
-        self._cache: dict[int, np.ndarray] = {}  # the last two row groups (verification's threads)
-
-    def _group(self, group: int) -> np.ndarray:
-        with self._lock:
-            found = self._cache.get(group)
-        if found is None:
-            column = self.source.decoded(group, [self.plan])[0]
-            try:
-                found = column.array()
-            except ValueError as exc:
-                raise SourceError(self.source.spec.name, f"field '{self.plan.field.name}', {exc}") from None
-            with self._lock:
-                if len(self._cache) >= 2:
-                    self._cache.pop(next(iter(self._cache)))
-                self._cache[group] = found
-        return found
-
-    def __getitem__(self, indices) -> np.ndarray:
-        indices = np.atleast_1d(np.asarray(indices, dtype=np.int64))
-        groups = np.searchsorted(self.source.offsets, indices, side="right") - 1
-        parts, order = [], np.argsort(groups, kind="stable")
-        for group in np.unique(groups):
-            mine = order[groups[order] == group]
-            parts.append((mine, self._group(int(group))[indices[mine] - self.source.offsets[group]]))
-        if not parts:
-            return np.zeros(0)
-        out = np.empty((len(indices), *parts[0][1].shape[1:]), dtype=parts[0][1].dtype)
-        for where, values in parts:
-            out[where] = values
-        return out
 
 
 class ParquetSource(RowGroupSource):
@@ -227,10 +80,7 @@ class ParquetSource(RowGroupSource):
             counts += [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
             self.groups += [(number, g) for g in range(metadata.num_row_groups)]
             footers.append(metadata)
-        self.offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
-        self._first_group = {number: g for g, (number, in_file) in enumerate(self.groups) if in_file == 0}
-        if not len(self):
-            raise SourceError(spec.name, f"the Parquet files {self.files} hold no row")
+        self._index_files(counts, self.groups)
         self._start()
         for number, metadata in enumerate(footers):
             check_nulls_from_statistics(self, number, metadata)
@@ -289,38 +139,6 @@ class ParquetSource(RowGroupSource):
             opened[number] = pq.ParquetFile(self.files[number])
         return opened[number]
 
-    def group_index(self, number: int, in_file: int) -> int:
-        return self._first_group[number] + in_file
-
-    def location(self, group: int, local: int) -> str:
-        number, in_file = self.groups[group]
-        first_in_file = self._first_group[number]
-        row = int(self.offsets[group] - self.offsets[first_in_file]) + local
-        return f"file {self.files[number]}, row group {in_file}, row {row} of the file"
-
-    def inputs_fingerprint(self, read_files: bool = True) -> dict[str, Any]:
-        """Every file's sha256, read only for files new or changed since the cached digest."""
-        return cached_file_hashes(self.files, self.cache_path)
-
-    def part_fingerprint(self, rows: np.ndarray, inputs: dict[str, Any]) -> str:
-        """The files the rows are read from (path, size, sha256) and which of their row groups."""
-        groups = np.unique(np.searchsorted(self.offsets, rows, side="right") - 1)
-        digest = hashlib.sha256()
-        for group in groups.tolist():
-            number, in_file = self.groups[group]
-            digest.update(f"{self.files[number]}\0{inputs['file_sha256'][number]}\0{in_file}\n".encode())
-        return digest.hexdigest()
-
-
-def check_in_order(where: str, writer: dict[str, Any]) -> None:
-    """A row-group source is written in its own order: a shuffled order would decode a row group per sample."""
-    if writer["shuffle"] or writer["indices"] is not None:
-        raise ConfigError(
-            f"{where.rsplit('.', 1)[0]}.writer",
-            "a parquet or huggingface source is written in row order: shuffle and indices are not supported "
-            "(shuffle at load time with ffcv's Loader, order=RANDOM)",
-        )
-
 
 def expand_paths(spec: DatasetSpec) -> list[str]:
     """The .parquet files of the source, in order: globs and directories expanded (sorted)."""
@@ -364,22 +182,10 @@ def check_nulls_from_statistics(source: ParquetSource, number: int, metadata) ->
     leaves = {metadata.schema.column(j).path: j for j in range(metadata.num_columns)}
     for plan in source.plans:
         leaf = plan.column + (".bytes" if plan.role == "image" else "")
-        if plan.role not in ("scalar", "binary", "image", "string") or leaf not in leaves:
+        if plan.role not in NULL_CHECKED_ROLES or leaf not in leaves:
             continue
         for in_file in range(metadata.num_row_groups):
             stats = metadata.row_group(in_file).column(leaves[leaf]).statistics
             if stats is not None and stats.has_null_count and stats.null_count == 0:
                 continue
-            group = source.group_index(number, in_file)
-            column = source.decoded(group, [plan])[0]
-            if column.problems:
-                row = min(column.problems)
-                raise SampleError(
-                    source.spec.name,
-                    plan.field.name,
-                    int(source.offsets[group]) + row,
-                    column.problems[row],
-                    "fill or drop the null rows (pyarrow.compute.fill_null, Table.drop_null), or map the field "
-                    "to another column",
-                    location=source.location(group, row),
-                )
+            raise_first_problem(source, source.group_index(number, in_file), plan)

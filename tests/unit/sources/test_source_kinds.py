@@ -18,6 +18,7 @@ from betonbuild.fields import field_kind
 from betonbuild.sources import (
     SOURCE_KINDS,
     ArraysSource,
+    HuggingFaceSource,
     ImageFolderSource,
     ParquetSource,
     PythonSource,
@@ -88,6 +89,7 @@ def test_the_registry_holds_the_kinds_by_their_config_name():
         "python": PythonSource,
         "webdataset": WebDatasetSource,
         "parquet": ParquetSource,
+        "huggingface": HuggingFaceSource,
     }
     assert all(cls.kind == name for name, cls in SOURCE_KINDS.items())
 
@@ -112,9 +114,15 @@ def test_the_kinds_flags():
         "python": True,
         "webdataset": False,
         "parquet": False,
+        "huggingface": False,
     }
     assert [k for k, c in SOURCE_KINDS.items() if c.needs_shard_list] == ["webdataset"]
-    assert sorted(k for k, c in SOURCE_KINDS.items() if c.gives_fixed_columns) == ["arrays", "image_folder", "parquet"]
+    assert sorted(k for k, c in SOURCE_KINDS.items() if c.gives_fixed_columns) == [
+        "arrays",
+        "huggingface",
+        "image_folder",
+        "parquet",
+    ]
     assert [k for k, c in SOURCE_KINDS.items() if c.fingerprint_from_parts] == ["arrays"]
 
 
@@ -125,6 +133,7 @@ def test_source_class_of_each_kind(tmp_path, photo_folder):
         "python": python_spec(),
         "webdataset": wds_spec("x.tar"),
         "parquet": make_spec({"kind": "parquet", "path": "x.parquet"}, {"x": {"type": "int"}}),
+        "huggingface": make_spec({"kind": "huggingface", "path": "hf"}, {"x": {"type": "int"}}),
     }
     assert {kind: source_class(spec) for kind, spec in specs.items()} == SOURCE_KINDS
 
