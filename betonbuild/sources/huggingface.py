@@ -31,7 +31,7 @@ class HuggingFaceSource(RowGroupSource):
     group_word = "record batch"
     config_schema = {
         "additionalProperties": False,
-        "required": ["path"],
+        # `path` is required (check_config): not in the schema, where the arrays kind's `path` is optional
         "properties": {
             "kind": {},
             "path": {"type": "string", "description": "A directory written by datasets' save_to_disk."},
@@ -92,6 +92,8 @@ class HuggingFaceSource(RowGroupSource):
     def check_config(
         cls, where: str, source: dict[str, Any], fields: tuple[FieldSpec, ...], writer: dict[str, Any]
     ) -> None:
+        if "path" not in source:
+            raise ConfigError(f"{where}.path", "is required: the save_to_disk directory to read")
         names = [f.name for f in fields]
         unknown = [k for k in (source.get("columns") or {}) if k not in names]
         if unknown:

@@ -39,7 +39,7 @@ class ParquetSource(RowGroupSource):
     kind = "parquet"
     config_schema = {
         "additionalProperties": False,
-        "required": ["path"],
+        # `path` is required (check_config): not in the schema, where the arrays kind's `path` is optional
         "properties": {
             "kind": {},
             "path": {
@@ -99,6 +99,8 @@ class ParquetSource(RowGroupSource):
     def check_config(
         cls, where: str, source: dict[str, Any], fields: tuple[FieldSpec, ...], writer: dict[str, Any]
     ) -> None:
+        if "path" not in source:
+            raise ConfigError(f"{where}.path", "is required: the Parquet files to read")
         names = [f.name for f in fields]
         for pattern in [source["path"]] if isinstance(source["path"], str) else source["path"]:
             if _URL_RE.match(pattern):

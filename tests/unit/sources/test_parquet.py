@@ -296,3 +296,9 @@ def test_an_image_that_does_not_decode_is_named(tmp_path):
     pq.write_table(table.set_column(0, "image", broken), tmp_path / "b.parquet")
     with pytest.raises(SampleError, match=r"field 'image', sample index 1 .*cannot decode its image bytes"):
         open_source(make_spec(str(tmp_path / "b.parquet"), IMAGE_FIELDS))[1]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "huggingface"])
+def test_a_source_without_path_is_a_config_error(kind):
+    with pytest.raises(ConfigError, match=r"datasets.pq.source.path: is required"):
+        load_config({"datasets": {"pq": {"source": {"kind": kind}, "fields": NUMERIC_FIELDS}}})
