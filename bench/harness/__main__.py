@@ -38,6 +38,7 @@ MODULES = {
     7: "b7_incremental",
     8: "b8_workflow_scale",
     9: "b9_scale",
+    12: "b12_parquet",
 }
 GIB = 1 << 30
 MAIN_JSON = REPO / "bench" / "results.json"
@@ -63,6 +64,10 @@ SIZES = {
     "scale_families": ("folder,arrays,webdataset", "folder,arrays,webdataset"),
     "scale_shard_samples": (1000, 1000),
     "scale_pairs": (1, 1),  # timed rounds per case (no warm-up round)
+    # issue 20 (b12): Parquet rows, JPEGs in an Image column, and whether betonbuild re-encodes or keeps them
+    "parquet_rows": (1_000_000, 20_000),
+    "parquet_images": (5_000, 300),
+    "parquet_jpeg": ("reencode", "reencode"),
 }
 
 
