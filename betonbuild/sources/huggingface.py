@@ -16,9 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SourceError
-from betonbuild.sources.arrow_columns import plan_columns
+from betonbuild.sources.arrow_columns import decode_column, plan_columns
 from betonbuild.sources.files import require_files
 from betonbuild.sources.row_groups import NULL_CHECKED_ROLES, RowGroupSource, check_in_order, raise_first_problem
 
@@ -124,6 +126,16 @@ class HuggingFaceSource(RowGroupSource):
 
     def _read_batch(self, group: int, columns: list[str]):
         return self.batches[group].select(columns)
+
+    def sample_sizes(self) -> np.ndarray:
+        """Bytes of each row's binary and image values, from the memory-mapped Arrow offsets (no value
+        is read): the smoke stage's pre-flight inspects the largest images."""
+        sizes = np.zeros(len(self), dtype=np.int64)
+        for group, batch in enumerate(self.batches):
+            start = int(self.offsets[group])
+            for plan in (p for p in self.plans if p.role in ("binary", "image")):
+                sizes[start : start + batch.num_rows] += np.diff(decode_column(plan, batch.column(plan.top)).offsets)
+        return sizes
 
 
 def split_dir(spec: DatasetSpec) -> Path:

@@ -51,6 +51,10 @@ def test_an_image_feature_is_an_rgb_image_and_its_jpeg_bytes_are_kept(saved):
     assert source.encoded_image(7).tobytes() == jpeg_crops(12)[7]
 
 
+def test_sample_sizes_are_the_jpeg_lengths(saved):
+    assert open_source(hf_spec(saved)).sample_sizes().tolist() == [len(j) for j in jpeg_crops(12)]
+
+
 def test_the_files_tracked_are_the_state_the_info_and_the_arrow_files(saved):
     state = json.loads((saved / "state.json").read_text())
     assert input_files(hf_spec(saved)) == [
