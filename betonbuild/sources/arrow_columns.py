@@ -228,12 +228,13 @@ class Column:
         return self.values[i]
 
     def array(self) -> np.ndarray:
-        """Every row at once (a fixed-size field): (rows,) scalars or (rows, *shape) arrays."""
+        """Every row at once (a fixed-size field): (rows,) scalars or (rows, *shape) arrays; ValueError
+        naming the first row that has none (a null, a list of another length)."""
+        if self.problems:
+            first = min(self.problems)
+            raise ValueError(f"row {first} of the row group: {self.problems[first]}")
         if self.plan.role == "scalar":
             return self.values
-        first = next(iter(sorted(self.problems)), None) if self.problems else None
-        if first is not None:
-            raise ValueError(f"row {first}: {self.problems[first]}")
         return self.values[self.offsets[0] : self.offsets[-1]].reshape(len(self.offsets) - 1, *self.shape)
 
 

@@ -174,10 +174,9 @@ class FixedColumn:
             found = self._cache.get(group)
         if found is None:
             column = self.source.decoded(group, [self.plan])[0]
-            try:
-                found = column.array()
-            except ValueError as exc:
-                raise SourceError(self.source.spec.name, f"field '{self.plan.field.name}', {exc}") from None
+            if column.problems:
+                raise_first_problem(self.source, group, self.plan, column)
+            found = column.array()
             with self._lock:
                 if len(self._cache) >= 2:
                     self._cache.pop(next(iter(self._cache)))
@@ -209,9 +208,10 @@ def check_in_order(where: str, writer: dict[str, Any]) -> None:
         )
 
 
-def raise_first_problem(source: RowGroupSource, group: int, plan: ColumnPlan) -> None:
-    """The first row of a row group that cannot be a value of the plan's field (a null), as a SampleError."""
-    column = source.decoded(group, [plan])[0]
+def raise_first_problem(source: RowGroupSource, group: int, plan: ColumnPlan, column: Column | None = None) -> None:
+    """The first row of a row group that cannot be a value of the plan's field (a null, a list of
+    another length), as a SampleError; ``column``: the plan's column of that row group, if decoded."""
+    column = column or source.decoded(group, [plan])[0]
     if column.problems:
         row = min(column.problems)
         raise SampleError(
@@ -219,7 +219,9 @@ def raise_first_problem(source: RowGroupSource, group: int, plan: ColumnPlan) ->
             plan.field.name,
             int(source.offsets[group]) + row,
             column.problems[row],
-            "fill or drop the null rows (pyarrow.compute.fill_null, Table.drop_null, datasets' filter), or map "
-            "the field to another column",
+            ""
+            if "Fix:" in column.problems[row]
+            else "fill or drop the null rows (pyarrow.compute.fill_null, "
+            "Table.drop_null, datasets' filter), or map the field to another column",
             location=source.location(group, row),
         )

@@ -302,3 +302,16 @@ def test_an_image_that_does_not_decode_is_named(tmp_path):
 def test_a_source_without_path_is_a_config_error(kind):
     with pytest.raises(ConfigError, match=r"datasets.pq.source.path: is required"):
         load_config({"datasets": {"pq": {"source": {"kind": kind}, "fields": NUMERIC_FIELDS}}})
+
+
+def test_a_fixed_column_with_a_bad_row_is_refused_not_filled(tmp_path):
+    table = numeric_table(20)
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=8)
+    fields = {"tokens": {"type": "ndarray", "dtype": "int32", "shape": [3]}}
+    column = open_source(make_spec(str(tmp_path / "t.parquet"), fields)).fixed_columns()["tokens"]
+    with pytest.raises(
+        SampleError,
+        match=r"sample index 0 \(file .*t\.parquet, row group 0, row 0 of the file\): "
+        "column 'tokens' holds 1 elements",
+    ):
+        column[np.arange(4)]
