@@ -6,13 +6,16 @@ nothing depends on a clone of the repository.
 
 from __future__ import annotations
 
+from importlib.resources import as_file, files
 from pathlib import Path
 
 
 def workflow_dir() -> Path:
     """The directory holding the packaged Snakefile (a real directory: Snakemake reads files by path)."""
-    # Until the workflow files move into this package: the checkout's root (switched at the move).
-    return Path(__file__).resolve().parents[2]
+    # A wheel installs as plain files, so this is the package's own directory and nothing is extracted
+    # (a zipped install is not supported: Snakemake reads the workflow's files by path).
+    with as_file(files(__package__)) as path:
+        return Path(path)
 
 
 def snakefile() -> Path:
