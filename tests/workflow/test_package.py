@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -55,6 +55,13 @@ def venv(tmp_path_factory) -> dict:
     return {"env": env, "bin": bin_dir, "wheel": wheel}
 
 
+def module_example() -> str:
+    """The Snakefile that docs/snakemake-module.md shows: the documented example is the tested one."""
+    text = (REPO / "docs" / "snakemake-module.md").read_text()
+    (body,) = [b for b in re.findall(r"^```python\n(.*?)^```", text, flags=re.M | re.S) if "module betonbuild:" in b]
+    return body
+
+
 def assert_verified(project: Path, names: list[str]) -> None:
     for name in names:
         for report in ("smoke.verify.json", f"{name}.verify.json"):
@@ -91,54 +98,13 @@ def test_init_and_run_build_an_image_folder_and_arrays_then_nothing_to_do(venv, 
 def test_the_workflow_as_a_module_of_your_own_snakefile(venv, tmp_path):
     make_digits_npz(tmp_path / "digits.npz", n=100)
     (tmp_path / "config.yaml").write_text("datasets:\n" + DIGITS)
-    (tmp_path / "Snakefile").write_text(MODULE_SNAKEFILE)
+    (tmp_path / "Snakefile").write_text(module_example())
     snakemake = str(venv["bin"] / "snakemake")
     run([snakemake, "--cores", "2"], tmp_path, venv["env"])
     assert_verified(tmp_path, ["digits"])
     assert (tmp_path / "digits.summary.txt").read_text().startswith("verified OK: 100 samples")
     again = run([snakemake, "--cores", "2", "-n"], tmp_path, venv["env"])
     assert "Nothing to be done" in again.stdout + again.stderr
-
-
-# The example of docs/snakemake-module.md (tests/workflow/test_docs.py checks the page shows this text).
-MODULE_SNAKEFILE = textwrap.dedent(
-    """\
-    from betonbuild.workflow_files import snakefile
-
-
-    configfile: "config.yaml"
-
-
-    module betonbuild:
-        snakefile:
-            str(snakefile())
-        config:
-            config
-
-
-    use rule * from betonbuild as beton_*
-
-
-    rule all:
-        default_target: True
-        input:
-            "digits.summary.txt",
-
-
-    rule summary:
-        input:
-            report="results/digits/digits.verify.json",
-        output:
-            "digits.summary.txt",
-        run:
-            import json
-
-            report = json.load(open(input.report))
-            n = report["num_samples"]["found"]
-            with open(output[0], "w") as fh:
-                fh.write(f"verified {'OK' if report['ok'] else 'FAILED'}: {n} samples\\n")
-    """
-)
 
 
 def test_a_config_error_is_one_line_naming_the_key(tmp_path):
