@@ -93,6 +93,9 @@ def test_init_and_run_build_an_image_folder_and_arrays_then_nothing_to_do(venv, 
     assert "Nothing to be done" in again.stdout + again.stderr
     status = run([betonbuild, "status"], project, venv["env"]).stdout
     assert "photos  up to date" in status and "digits  up to date" in status
+    run([betonbuild, "run", "--report", "report.html"], project, venv["env"])
+    report = (project / "report.html").read_text()
+    assert "photos" in report and "digits" in report
 
 
 def test_the_workflow_as_a_module_of_your_own_snakefile(venv, tmp_path):
