@@ -27,7 +27,7 @@ test-quick: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/snakefmt --check Snakefile rules/
+	$(BIN)/snakefmt --check Snakefile betonbuild/workflow_files/
 	$(BIN)/snakemake --lint
 
 ## Re-resolve requirements.in into requirements.lock (needs the package registry).

@@ -1,32 +1,9 @@
-# betonbuild: datasets -> validated FFCV .beton files.
-# Stages, in order: source manifest -> smoke .beton -> smoke verification -> full .beton (or its
-# parts and their merge) -> verification.
+# This repository's workflow: the packaged one (betonbuild/workflow_files/Snakefile, what
+# `betonbuild run` and `pip install` users get) with the demo's config. `snakemake all` here builds
+# the demo; `--configfile X` merges X over it (add --replace-workflow-config to build X alone).
 
 
 configfile: "config/config.yaml"
 
 
-report: "report/workflow.rst"
-
-
-include: "rules/common.smk"
-include: "rules/resources.smk"
-include: "rules/demo.smk"
-include: "rules/sources.smk"
-include: "rules/smoke.smk"
-include: "rules/write.smk"
-include: "rules/partitions.smk"
-include: "rules/verify.smk"
-include: "rules/report.smk"
-
-
-localrules:
-    all,
-    demo_data,
-    report_assets,
-
-
-rule all:
-    default_target: True
-    input:
-        all_outputs(),
+include: "betonbuild/workflow_files/Snakefile"

@@ -1,4 +1,4 @@
-"""``betonbuild inspect|repro|write|verify``: for people troubleshooting by hand."""
+"""``betonbuild init|run|status``: a project of your own; ``inspect|repro|write|verify``: troubleshooting by hand."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import os
 import sys
 import tempfile
 import traceback
+from pathlib import Path
 
 from betonbuild.atomic import atomic_path
 from betonbuild.errors import BetonbuildError, VerificationError
-from betonbuild.workflow.status import default_snakefile, status
+from betonbuild.workflow.status import status
+from betonbuild.workflow_files import profile_names, snakefile
 
 
 def _inspect(args) -> int:
@@ -154,16 +156,37 @@ def _write_record(beton_path: str) -> str:
 
 def _status(args) -> int:
     from betonbuild.config.load import load_config_file  # why local: see _dataset
+    from betonbuild.project.run import project_config  # why local: the CLI's other commands need none of it
 
-    snakefile = args.snakefile or str(default_snakefile())
-    configfile = args.configfile or os.path.join(args.directory, "config", "config.yaml")
+    project = Path(args.directory)
+    configfile = args.configfile or str(project_config(project))
     datasets = list(load_config_file(configfile).datasets)
-    extra = ["-s", snakefile, "-d", args.directory]
-    if args.configfile:
-        extra += ["--configfile", args.configfile]
+    extra = ["--configfile", configfile, "-s", args.snakefile or str(snakefile()), "-d", args.directory]
     text, code = status(datasets, extra + args.snakemake_args)
     print(text)
     return code
+
+
+def _run(args) -> int:
+    from betonbuild.project.run import run  # why local: see _status
+
+    return run(Path(args.directory).resolve(), args.snakemake_args)
+
+
+def _init(args) -> int:
+    # why local: see _status (guess imports yaml, numpy and PIL)
+    from betonbuild.project.guess import guess
+    from betonbuild.project.starter import write_project
+
+    directory = Path(args.directory)
+    found = guess(Path(args.from_path), directory) if args.from_path else None
+    written = write_project(directory, found.entry() if found else None)
+    if found:
+        print(f"dataset {found.name!r} from {args.from_path}:")
+        print("\n".join(f"  {note}" for note in found.notes))
+    print(f"wrote {', '.join(str(p) for p in written)}")
+    print(f"next: cd {directory} && betonbuild run --cores 4")
+    return 0
 
 
 def _schema(args) -> int:
@@ -217,20 +240,44 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--mode", choices=["auto", "full", "sample"], help="overrides the config's verify.mode")
             p.add_argument("--output", help="write the report here instead of printing it")
         p.set_defaults(func=func)
-    p = sub.add_parser("status", help="which datasets are up to date, and why the others would rebuild")
-    p.add_argument("-s", "--snakefile", help="default: the Snakefile of this betonbuild checkout")
-    p.add_argument("-d", "--directory", default=".", help="the project directory (default: .)")
-    p.add_argument("--configfile", help="default: DIRECTORY/config/config.yaml")
-    p.add_argument("snakemake_args", nargs=argparse.REMAINDER, help="more snakemake arguments, after --")
-    p.set_defaults(func=_status)
+    p = sub.add_parser(
+        "init",
+        help="write a starter project: config.yaml (every source kind as an example), an adapter, a README",
+        description="Writes DIRECTORY/config.yaml, mydatasets.py (an example adapter) and README.md. With --from "
+        "PATH the first dataset is guessed from what is at PATH (an image folder, .npy/.npz arrays, .tar "
+        "shards, Parquet files, a Hugging Face save_to_disk directory), and the guess is printed.",
+    )
+    p.add_argument("directory")
+    p.add_argument("--from", dest="from_path", metavar="PATH", help="guess the first dataset from PATH")
+    p.set_defaults(func=_init)
+    p = sub.add_parser(
+        "run",
+        allow_abbrev=False,
+        help="build and verify every dataset of a project (the packaged workflow; Snakemake options pass through)",
+        description="Runs the packaged workflow in the project directory with its config.yaml as the only config "
+        "and the default profile applied. Every other argument is Snakemake's: targets, --cores, -n, "
+        "--report report.html, --executor slurm, --profile NAME (packaged profiles by name: "
+        f"{', '.join(profile_names())}).",
+    )
+    p.set_defaults(func=_run, passes_snakemake_args=True)
+    p = sub.add_parser(
+        "status", allow_abbrev=False, help="which datasets are up to date, and why the others would rebuild"
+    )
+    p.add_argument("-s", "--snakefile", help="default: the packaged Snakefile")
+    p.set_defaults(func=_status, passes_snakemake_args=True)
+    p.add_argument("--configfile", help="default: DIRECTORY/config.yaml (or DIRECTORY/config/config.yaml)")
+    for p in (sub.choices["run"], sub.choices["status"]):
+        p.add_argument("-d", "--directory", default=".", help="the project directory (default: .)")
     p = sub.add_parser(
         "schema",
         help="print the whole config schema (JSON Schema), every source and field kind's own keys included",
     )
     p.set_defaults(func=_schema)
-    args = parser.parse_args(argv)
-    if getattr(args, "snakemake_args", None) and args.snakemake_args[0] == "--":
-        args.snakemake_args = args.snakemake_args[1:]
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "passes_snakemake_args", False):
+        args.snakemake_args = rest[1:] if rest[:1] == ["--"] else rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.func(args)
     except BetonbuildError as exc:

@@ -11,9 +11,13 @@ import numpy as np
 import pytest
 import yaml
 
+from betonbuild.workflow_files import profile, snakefile
+
 REPO = Path(__file__).resolve().parents[1]
-SNAKEFILE = REPO / "Snakefile"
+# The packaged workflow, as `betonbuild run` and a pip-installed betonbuild run it (no demo config).
+SNAKEFILE = snakefile()
 BIN = Path(sys.executable).parent
+PROFILES = {name: profile(name) for name in ("default", "slurm", "cluster-generic")}
 
 
 class ListDataset:
@@ -48,6 +52,18 @@ def run_snakemake(workdir: Path, *args: str, timeout: float = 300, check: bool =
     if check and result.returncode != 0:
         raise AssertionError(
             f"snakemake failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+        )
+    return result
+
+
+def run_betonbuild(workdir: Path, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    """``betonbuild ARGS`` in ``workdir`` (the entry point a project uses; this tree's package)."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cmd = [sys.executable, "-m", "betonbuild", *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"betonbuild failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
         )
     return result
 

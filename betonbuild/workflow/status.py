@@ -16,10 +16,6 @@ DATASET_RE = re.compile(r"^\s+wildcards: .*?\bds=([A-Za-z0-9_-]+)", re.M)
 REASON_RE = re.compile(r"^\s+reason: (.*)$", re.M)
 
 
-def default_snakefile() -> Path:
-    return Path(__file__).resolve().parents[2] / "Snakefile"
-
-
 def short_reason(reason: str) -> str:
     """Snakemake prints whole params dicts; the first clause says enough."""
     reason = reason.split(": before:")[0]

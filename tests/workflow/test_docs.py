@@ -29,6 +29,12 @@ from betonbuild.fields.torch_tensor import TORCH_DTYPES
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DOC = REPO / "docs" / "configuration.md"
 README = REPO / "README.md"
+DOCS = sorted((REPO / "docs").glob("*.md"))
+# The long sections of the README live on these pages, each whole.
+DEMO_DOC = REPO / "docs" / "demo.md"
+DATASETS_DOC = REPO / "docs" / "datasets.md"
+DEVELOPMENT_DOC = REPO / "docs" / "development.md"
+TROUBLESHOOTING_DOC = REPO / "docs" / "troubleshooting.md"
 
 # additionalProperties of these keys are documented under a placeholder name.
 PLACEHOLDERS = {"datasets": "NAME", "fields": "FIELD"}
@@ -155,35 +161,94 @@ def test_config_doc_points_at_the_schema_file():
     assert str(SCHEMA_PATH.relative_to(REPO)) in CONFIG_DOC.read_text()
 
 
-@pytest.mark.parametrize("doc", [README, CONFIG_DOC], ids=lambda p: p.name)
-def test_yaml_examples_in_the_docs_pass_config_validation(doc):
+@pytest.mark.parametrize("doc", [README, *DOCS], ids=lambda p: p.name)
+def test_yaml_examples_in_the_docs_pass_config_validation(doc, request):
+    if doc.name == "verification.md":  # its examples name the custom field class of its example module
+        request.getfixturevalue("example_module_dir")
     examples = [yaml.safe_load(body) for lang, body in fenced_blocks(doc.read_text()) if lang == "yaml"]
     examples = [e for e in examples if isinstance(e, dict) and "datasets" in e]
-    assert examples, f"{doc.name} has no YAML config example"
+    if doc in (CONFIG_DOC, DATASETS_DOC):
+        assert examples, f"{doc.name} has no YAML config example"
     for example in examples:
         assert load_config(example).datasets
 
 
-def test_demo_config_validates_and_its_field_types_are_documented_in_readme():
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", [README, *DOCS], ids=lambda p: p.name)
+def test_every_relative_link_of_the_docs_reaches_a_file_and_heading(doc):
+    """The README's sections moved to docs/: a link to the old place would now lead nowhere."""
+    text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.M | re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, fragment = target.partition("#")
+        linked = (doc.parent / path).resolve() if path else doc
+        assert linked.exists(), f"{doc.name} links to {target}, which does not exist"
+        if fragment and linked.suffix == ".md":
+            headings = re.findall(r"^#+ (.*)$", re.sub(r"^```.*?^```", "", linked.read_text(), flags=re.M | re.S), re.M)
+            assert fragment in {anchor(h) for h in headings}, f"{doc.name} links to {target}: no such heading"
+
+
+def test_readme_tables_name_every_source_kind_and_field_kind():
+    from betonbuild.fields import FIELD_KINDS
+    from betonbuild.sources import SOURCE_KINDS
+
+    text = README.read_text()
+    sources = set(re.findall(r"^\| `(\w+)` \| (?!stores)", section(text, "## Source kinds and field kinds"), re.M))
+    fields = {
+        name
+        for row in re.findall(r"^\| (`\w+`(?:, `\w+`)*) \|", section(text, "## Source kinds and field kinds"), re.M)
+        for name in re.findall(r"`(\w+)`", row)
+    }
+    assert set(SOURCE_KINDS) <= sources, f"README's table of source kinds lacks {set(SOURCE_KINDS) - sources}"
+    assert set(FIELD_KINDS) <= fields, f"README's table of field kinds lacks {set(FIELD_KINDS) - fields}"
+    assert fields - set(FIELD_KINDS) - set(SOURCE_KINDS) == set(), "README names a kind betonbuild does not have"
+
+
+def test_readme_picture_shows_the_workflow_s_rules():
+    from betonbuild.workflow_files import workflow_dir
+
+    rules = set(
+        re.findall(
+            r"^(?:rule|checkpoint) (\w+):",
+            "".join(p.read_text() for p in (workflow_dir() / "rules").glob("*.smk")),
+            re.M,
+        )
+    )
+    (graph,) = [body for lang, body in fenced_blocks(README.read_text()) if lang == "mermaid"]
+    nodes = set(re.findall(r"\b([a-z_]+)(?:\[|\s*-->|\s*&|\s*$)", graph, re.M)) - {"config", "flowchart"}
+    assert nodes <= rules, f"the README's picture shows rules the workflow does not have: {nodes - rules}"
+    assert rules - nodes == {"demo_data"}, f"the README's picture lacks rules: {rules - nodes - {'demo_data'}}"
+
+
+def test_demo_config_validates_and_its_field_types_are_documented_in_demo_md():
     demo = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config = load_config(demo)
-    readme = README.read_text()
+    readme = DEMO_DOC.read_text()
     for name, spec in config.datasets.items():
-        assert f"`{name}`" in readme, f"demo dataset {name} is not described in README.md"
+        assert f"`{name}`" in readme, f"demo dataset {name} is not described in docs/demo.md"
         for field in spec.fields:
-            assert f"`{field.name}` {field.type}" in readme, f"README: demo {name} field {field.name} ({field.type})"
+            assert f"`{field.name}` {field.type}" in readme, f"demo.md: demo {name} field {field.name} ({field.type})"
 
 
 def test_readme_starts_with_make_run_and_make_test():
     text = README.read_text()
-    blocks = fenced_blocks(text)
+    blocks = [b for b in fenced_blocks(text) if b[0] != "mermaid"]  # the picture comes first
     assert blocks, "README.md has no code block"
     first = [line.split("#")[0].strip() for line in blocks[0][1].splitlines()]
     assert [line for line in first if line] == ["make run", "make test"], (
         "README.md's first code block must be exactly `make run` and `make test`"
     )
-    assert "source .venv/bin/activate && snakemake --cores 32 all" in blocks[1][1]
+    own_data = [line.split("#")[0].split()[:2] for line in blocks[1][1].splitlines() if line.strip()]
+    assert own_data == [["pip", "install"], ["betonbuild", "init"], ["cd", "myproject"]], own_data
+    assert "betonbuild run" in blocks[1][1]
     assert "docs/configuration.md" in text
+    development = [body for _, body in fenced_blocks(DEVELOPMENT_DOC.read_text())]
+    assert "source .venv/bin/activate && snakemake --cores 32 all" in development[1]
 
 
 # --- configuration.md: the complete entry and the dataset keys --------------------------------------
@@ -313,8 +378,8 @@ def test_custom_field_example_builds_verifies_and_loads(tmp_path):
     assert "loader ok" in run([sys.executable, "load.py"], tmp_path).stdout
 
 
-def test_readme_python_dataset_example_builds_and_verifies(tmp_path):
-    readme = README.read_text()
+def test_datasets_md_python_dataset_example_builds_and_verifies(tmp_path):
+    readme = DATASETS_DOC.read_text()
     (module,) = [body for lang, body in fenced_blocks(readme) if lang == "python" and "def captions(" in body]
     (tmp_path / "mydatasets.py").write_text(module)
     (example,) = [
@@ -361,7 +426,7 @@ def test_troubleshooting_quotes_the_real_messages(example_module_dir):
     from betonbuild.verify.report import Report, check_build
     from betonbuild.write.contract import check_sample
 
-    readme = flat(README.read_text())
+    readme = flat(TROUBLESHOOTING_DOC.read_text())
 
     captions = load_config(
         {

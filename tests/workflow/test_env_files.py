@@ -8,6 +8,10 @@ import subprocess
 import yaml
 from conftest import BIN, REPO
 
+from betonbuild.workflow_files import workflow_dir
+
+WORKFLOW = workflow_dir()
+
 
 def lock_pins() -> dict[str, str]:
     pins = {}
@@ -24,7 +28,7 @@ def normalise(name: str) -> str:
 
 
 def conda_env() -> dict:
-    return yaml.safe_load((REPO / "envs/ffcv.yaml").read_text())
+    return yaml.safe_load((WORKFLOW / "envs/ffcv.yaml").read_text())
 
 
 def test_every_lock_line_is_an_exact_pin():
@@ -69,7 +73,7 @@ def test_the_installed_venv_matches_the_lock():
 
 def test_every_rule_names_the_ffcv_env_and_has_log_benchmark_and_threads():
     checked = []
-    for smk in sorted((REPO / "rules").glob("*.smk")):
+    for smk in sorted((WORKFLOW / "rules").glob("*.smk")):
         for block in re.split(r"\n(?=(?:rule|checkpoint) )", smk.read_text()):
             if not block.startswith(("rule ", "checkpoint ")):
                 continue
@@ -88,6 +92,10 @@ def test_snakemake_lint_is_clean():
 
 def test_snakefmt_formatting():
     result = subprocess.run(
-        [str(BIN / "snakefmt"), "--check", "Snakefile", "rules/"], cwd=REPO, capture_output=True, text=True, timeout=120
+        [str(BIN / "snakefmt"), "--check", "Snakefile", str(WORKFLOW)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import REPO, run_snakemake, write_config
+from conftest import PROFILES, run_snakemake, write_config
 
 ADAPTER = textwrap.dedent(
     """
@@ -105,5 +105,5 @@ def test_the_worker_traceback_is_kept_under_logs(run):
 @pytest.mark.parametrize("profile", ["default", "slurm", "cluster-generic"])
 def test_every_profile_shows_the_failed_log_which_is_where_the_message_is(profile: str):
     """The job writes its error to its log only: without show-failed-logs it would not reach the console."""
-    settings = yaml.safe_load((REPO / "profiles" / profile / "config.yaml").read_text())
+    settings = yaml.safe_load((PROFILES[profile] / "config.yaml").read_text())
     assert settings["show-failed-logs"] is True

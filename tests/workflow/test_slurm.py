@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, make_digits_npz, run_snakemake, write_config
+from conftest import PROFILES, make_digits_npz, run_betonbuild, run_snakemake, write_config
 from slurm_cluster import SlurmCluster, unavailable_reason
 
-STATUS = REPO / "profiles/cluster-generic/status.py"
+STATUS = PROFILES["cluster-generic"] / "status.py"
 STAGES = ("source_manifest", "smoke", "verify_smoke", "write", "verify")
 # Status polling fast enough for a test; the profiles keep the plugins' defaults for real clusters.
 FAST_POLLING = ("--seconds-between-status-checks", "1")
@@ -89,18 +89,20 @@ def test_sacct_fails_on_this_cluster_as_on_sites_without_accounting(slurm):
     """With sacct failing, plugin 2.8.0 drops the job from its watch list and waits forever."""
     result = slurm.run("sacct", check=False)
     assert result.returncode != 0 and "accounting storage is disabled" in result.stderr
-    profile = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
+    profile = yaml.safe_load((PROFILES["slurm"] / "config.yaml").read_text())
     assert profile["slurm-status-command"] == "squeue"
 
 
 def test_slurm_profile_runs_every_job_through_sbatch(slurm, tmp_path):
+    """Through the entry point a project outside the repository uses: the packaged profile found by name."""
     workdir = project(tmp_path, ["digits"])
-    result = run_snakemake(
+    result = run_betonbuild(
         workdir,
+        "run",
+        "--cores",
+        "2",
         "--profile",
-        str(REPO / "profiles/slurm"),
-        "--workflow-profile",
-        "none",
+        "slurm",
         *FAST_POLLING,
         "--slurm-init-seconds-before-status-checks",
         "1",
@@ -123,7 +125,7 @@ def test_cluster_generic_profile_runs_every_job_through_sbatch(slurm, tmp_path):
     result = run_snakemake(
         workdir,
         "--profile",
-        str(REPO / "profiles/cluster-generic"),
+        str(PROFILES["cluster-generic"]),
         "--workflow-profile",
         "none",
         *FAST_POLLING,
@@ -158,7 +160,7 @@ def test_a_partitioned_dataset_writes_each_part_as_its_own_cluster_job(slurm, tm
     result = run_snakemake(
         tmp_path,
         "--profile",
-        str(REPO / "profiles/cluster-generic"),
+        str(PROFILES["cluster-generic"]),
         "--workflow-profile",
         "none",
         *FAST_POLLING,

@@ -1,6 +1,6 @@
 import sys
 
-sys.path.insert(0, snakemake.scriptdir + "/..")  # the conda route imports betonbuild from this checkout
+sys.path.append(snakemake.scriptdir + "/../../..")  # --sdm conda: betonbuild from beside us; last: the env wins
 from betonbuild.demo import write_digits, write_faces, write_photo_shards, write_photos
 from betonbuild.workflow.rulescript import run
 

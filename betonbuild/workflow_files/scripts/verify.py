@@ -1,7 +1,7 @@
 # Smoke, full or part verification: the rule's params.stage says which.
 import sys
 
-sys.path.insert(0, snakemake.scriptdir + "/..")  # the conda route imports betonbuild from this checkout
+sys.path.append(snakemake.scriptdir + "/../../..")  # --sdm conda: betonbuild from beside us; last: the env wins
 from betonbuild.workflow.rulescript import dataset_spec, run, stage_args
 from betonbuild.workflow.stages import verify_dataset
 

@@ -1,6 +1,6 @@
 import sys
 
-sys.path.insert(0, snakemake.scriptdir + "/..")  # the conda route imports betonbuild from this checkout
+sys.path.append(snakemake.scriptdir + "/../../..")  # --sdm conda: betonbuild from beside us; last: the env wins
 from betonbuild.workflow.rulescript import dataset_spec, run
 from betonbuild.workflow.stages import make_source_manifest
 
