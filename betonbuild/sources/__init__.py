@@ -2,6 +2,7 @@
 
 - ``arrays``: columns of an .npz file, or one .npy file per column (memory-mapped);
 - ``image_folder``: ``root/<class>/<file>`` -> (PIL image, class index), classes = sorted folder names;
+- ``iterable``: the user's ``module:factory(**args)`` returning an iterable, read once (``write.onepass``);
 - ``python``: the user's ``module:factory(**args)``, imported with the working directory on sys.path;
 - ``webdataset``: local .tar shards, indexed through their derived shard list (``shards``).
 
@@ -26,12 +27,13 @@ from betonbuild.sources.arrays import ArraysSource
 from betonbuild.sources.base import Source
 from betonbuild.sources.files import fingerprint_files, sha256_file
 from betonbuild.sources.image_folder import ImageFolderSource
+from betonbuild.sources.iterable import IterableSource
 from betonbuild.sources.python import PythonSource
 from betonbuild.sources.shards import SHARD_LIST
 from betonbuild.sources.webdataset import WebDatasetSource
 
 SOURCE_KINDS: dict[str, type[Source]] = {
-    cls.kind: cls for cls in (ArraysSource, ImageFolderSource, PythonSource, WebDatasetSource)
+    cls.kind: cls for cls in (ArraysSource, ImageFolderSource, IterableSource, PythonSource, WebDatasetSource)
 }
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "SOURCE_KINDS",
     "ArraysSource",
     "ImageFolderSource",
+    "IterableSource",
     "PythonSource",
     "Source",
     "WebDatasetSource",
@@ -52,6 +55,7 @@ __all__ = [
     "missing_package",
     "needs_file_list",
     "needs_shard_list",
+    "one_pass",
     "open_source",
     "sha256_file",
     "shard_files",
@@ -91,6 +95,11 @@ def input_files(spec: DatasetSpec) -> list[str]:
 def needs_shard_list(spec: DatasetSpec) -> bool:
     """The source is read through results/{ds}/shards.json (the shard_list rule's output)."""
     return source_class(spec).needs_shard_list
+
+
+def one_pass(spec: DatasetSpec) -> bool:
+    """The source is read once, in its own order, by the full write (an iterable): it has no part jobs."""
+    return source_class(spec).one_pass
 
 
 def needs_file_list(spec: DatasetSpec) -> bool:

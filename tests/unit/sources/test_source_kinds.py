@@ -19,6 +19,7 @@ from betonbuild.sources import (
     SOURCE_KINDS,
     ArraysSource,
     ImageFolderSource,
+    IterableSource,
     PythonSource,
     WebDatasetSource,
     gathers_fixed_values_one_by_one,
@@ -47,7 +48,7 @@ INSTANCE_MEMBERS = (
     "part_fingerprint",
     "smoke_fingerprint",
 )
-FLAGS = ("may_import_ffcv", "needs_shard_list", "gives_fixed_columns", "fingerprint_from_parts")
+FLAGS = ("may_import_ffcv", "needs_shard_list", "gives_fixed_columns", "fingerprint_from_parts", "one_pass")
 
 
 def make_spec(source: dict, fields: dict, name: str = "ds", **entry) -> DatasetSpec:
@@ -80,10 +81,11 @@ def python_spec(factory: str = "bb_kinds_module:make") -> DatasetSpec:
 # --- the registry and the interface --------------------------------------------------------------
 
 
-def test_the_registry_holds_the_four_kinds_by_their_config_name():
+def test_the_registry_holds_every_kind_by_its_config_name():
     assert SOURCE_KINDS == {
         "arrays": ArraysSource,
         "image_folder": ImageFolderSource,
+        "iterable": IterableSource,
         "python": PythonSource,
         "webdataset": WebDatasetSource,
     }
@@ -107,10 +109,12 @@ def test_the_kinds_flags():
     assert {k: c.may_import_ffcv for k, c in SOURCE_KINDS.items()} == {
         "arrays": False,
         "image_folder": False,
+        "iterable": True,
         "python": True,
         "webdataset": False,
     }
     assert [k for k, c in SOURCE_KINDS.items() if c.needs_shard_list] == ["webdataset"]
+    assert [k for k, c in SOURCE_KINDS.items() if c.one_pass] == ["iterable"]
     assert sorted(k for k, c in SOURCE_KINDS.items() if c.gives_fixed_columns) == ["arrays", "image_folder"]
     assert [k for k, c in SOURCE_KINDS.items() if c.fingerprint_from_parts] == ["arrays"]
 
@@ -119,6 +123,7 @@ def test_source_class_of_each_kind(tmp_path, photo_folder):
     specs = {
         "arrays": arrays_npz(tmp_path),
         "image_folder": folder_spec(photo_folder),
+        "iterable": make_spec({"kind": "iterable", "factory": "m:f"}, {"value": {"type": "int"}}),
         "python": python_spec(),
         "webdataset": wds_spec("x.tar"),
     }
