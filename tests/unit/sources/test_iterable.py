@@ -51,6 +51,11 @@ def from_start(n=25, start=0):
         yield value(i), i
 
 
+def bad_at_15(n=25):
+    for i in range(n):
+        yield (value(i).astype(np.float64) if i == 15 else value(i)), i
+
+
 def reused_buffer(n=12):
     buffer = np.zeros(4, dtype=np.float32)
     for i in range(n):
@@ -236,6 +241,17 @@ def test_raise_midway_keeps_finished_parts_names_position_and_resumes(workdir: P
         str(d / "failed.json"),
     )
     assert report["ok"], report["worst"]
+
+
+def test_a_sample_the_contract_refuses_midway_is_saved_for_repro_and_the_earlier_parts_stay(workdir: Path):
+    spec = make_spec("it_stream:bad_at_15")
+    with pytest.raises(SampleError) as info:
+        run_stages(spec, workdir / "results", verify=False)
+    assert info.value.index == 15 and info.value.field == "x" and "betonbuild repro" in str(info.value)
+    d = workdir / "results" / "it"
+    failure = json.loads((d / "failure" / "failure.json").read_text())
+    assert failure["index"] == 15 and failure["sample_file"] == "sample.pkl"
+    assert sorted(p.name for p in (d / "parts").iterdir()) == ["0.beton", "0.write.json"]
 
 
 def test_resume_asks_a_factory_with_start_to_start_after_the_finished_parts(workdir: Path):
