@@ -60,8 +60,8 @@ wildcard_constraints:
     part=r"\d+",
 
 
-# A partitioned dataset's .beton is the merge of its parts; the others are written directly (an
-# iterable source by the `write` rule too: in one pass, into parts it merges itself).
+# A partitioned dataset's .beton is the merge of its parts; the others are written directly, an
+# iterable source too (its write job reads it once, into parts it merges itself).
 PARTITIONED = [
     name
     for name, spec in DATASETS.items()
