@@ -83,8 +83,13 @@ def first_rows(spec: DatasetSpec, source, manifest: dict[str, Any], smoke: bool,
     return np.arange(len(source), dtype=np.int64)
 
 
-def parts_dir(beton_path: str | os.PathLike) -> Path:
-    return Path(beton_path).parent / "parts"
+def parts_dir(spec: DatasetSpec, beton_path: str | os.PathLike) -> Path:
+    """Where the parts of the write of ``beton_path`` are kept: results/NAME/parts/ in the workflow (as
+    for a partitioned dataset), ``OUTPUT.parts/`` beside any other output (``betonbuild write``)."""
+    path = Path(beton_path)
+    if path.name == f"{spec.name}.beton" and path.parent.name == spec.name:
+        return path.parent / "parts"
+    return path.with_name(path.name + ".parts")
 
 
 def write_stream(
@@ -99,7 +104,7 @@ def write_stream(
     started = time.time()
     with open(manifest_path) as fh:
         manifest = json.load(fh)
-    directory = parts_dir(beton_path)
+    directory = parts_dir(spec, beton_path)
     failure_dir = Path(beton_path).parent / "failure"
     plan = write_plan(spec, manifest["inputs"]["adapters_sha256"])
     workers = resolve_workers(spec.writer.num_workers, threads)
