@@ -15,8 +15,10 @@ samples are compared with its digest (read and hashed, not checked or encoded, t
 part whose samples differ is removed with the parts after it, and the write stops: the source
 changed since that part was written.
 
-A part's samples are held in memory while it is written (copies, as they were yielded): the writer
-workers are forked with them. ``samples_per_partition`` bounds that memory.
+When the iterable raises, the samples it yielded before are written as a shorter part first, so
+that the next run resumes at the failing position. A part's samples are held in memory while it
+is written (copies, as they were yielded): the writer workers are forked with them.
+``samples_per_partition`` bounds that memory.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def write_parts(
     remove_parts_from(parts_dir, resumed)  # stale or unfinished: rewritten
     if records and records[-1].get("final"):
         print(f"{spec.name}: all {resumed} parts were finished by an earlier run", file=log, flush=True)
+        check_count(spec, sum(r["num_samples"] for r in records))
         return records, resumed
     start = sum(r["num_samples"] for r in records)
     stream = iterate(spec, start)
@@ -201,9 +204,11 @@ def _cut(
     spec: DatasetSpec, stream: Iterator, start: int, size: int, first_index: int
 ) -> Iterator[tuple[int, int, list, list, bool]]:
     """(part index, first position, samples, their digests, whether the stream ended) per part;
-    one sample is read ahead, so that a full last part is known to be the last."""
+    one sample is read ahead, so that a full last part is known to be the last. When the iterable
+    raises, the samples read before are written as a (shorter) part first: the next run resumes
+    exactly at the failing position."""
     length = spec.source.get("length")
-    ahead = next(stream, None)
+    ahead, raised = _next(stream)
     index, position = first_index, start
     while ahead is not None:
         samples, digests = [], []
@@ -212,13 +217,24 @@ def _cut(
                 raise too_many(spec, length)
             samples.append(ahead[1])
             digests.append(sample_digest(ahead[1]))
-            ahead = next(stream, None)
+            ahead, raised = _next(stream)
         if length is not None and ahead is not None and ahead[0] >= length:
             raise too_many(spec, length)
-        yield index, position, samples, digests, ahead is None
+        yield index, position, samples, digests, ahead is None and raised is None
         index, position = index + 1, position + len(samples)
+    if raised is not None:
+        raise raised
     if index == 0 and start == 0:
         raise SourceError(spec.name, f"factory {spec.source['factory']} yielded no sample; a .beton needs one")
+
+
+def _next(stream: Iterator) -> tuple[tuple[int, Any] | None, SampleError | None]:
+    """The stream's next (position, sample), or None at its end or when the iterable raised (then
+    with the error, raised once the samples before it are written)."""
+    try:
+        return next(stream, None), None
+    except SampleError as exc:
+        return None, exc
 
 
 def too_many(spec: DatasetSpec, length: int) -> SourceError:

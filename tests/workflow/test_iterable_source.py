@@ -61,16 +61,18 @@ def test_iterable_is_built_interrupted_by_a_raise_resumed_and_verified(tmp_path:
     assert (results / "smoke.verify.json").exists()  # the gate passed: the raise is past the first samples
     assert not (results / "gen.beton").exists() and not (results / "gen.write.json").exists()
     finished = part_stats(results / "parts")
-    assert sorted(finished) == [f"{i}.{ext}" for i in range(3) for ext in ("beton", "write.json")]
+    # three full parts, and the 4 samples read before the raise as a short one
+    assert sorted(finished) == [f"{i}.{ext}" for i in range(4) for ext in ("beton", "write.json")]
 
     (tmp_path / "FAIL_AT").unlink()
     resumed = run_snakemake(tmp_path)
     assert "write" in rules_run(resumed) and "source_manifest" not in rules_run(resumed)
     after = part_stats(results / "parts")
     assert {name: after[name] for name in finished} == finished  # not rewritten
-    assert sorted(after) == [f"{i}.{ext}" for i in range(5) for ext in ("beton", "write.json")]
+    assert sorted(after) == [f"{i}.{ext}" for i in range(6) for ext in ("beton", "write.json")]
     record = json.loads((results / "gen.write.json").read_text())
-    assert record["stream"] == {"count": 45, "parts": 5, "resumed_parts": 3}
+    assert record["stream"] == {"count": 45, "parts": 6, "resumed_parts": 4}
+    assert [p["start"] for p in record["partitions"]] == [0, 10, 20, 30, 34, 44]
     report = json.loads((results / "gen.verify.json").read_text())
     assert report["ok"] and report["num_samples"] == {"expected": 45, "found": 45}
     assert report["source"]["length"] == 45

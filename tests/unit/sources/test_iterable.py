@@ -222,14 +222,17 @@ def test_raise_midway_keeps_finished_parts_names_position_and_resumes(workdir: P
     d = workdir / "results" / "it"
     assert not (d / "it.beton").exists()
     before = part_stats(d)
-    assert sorted(before) == ["0.beton", "0.write.json", "1.beton", "1.write.json"]  # part 2 never finished
+    # the two full parts, and the 3 samples read before the raise as a short part
+    assert sorted(before) == [f"{i}.{ext}" for i in range(3) for ext in ("beton", "write.json")]
+    assert [json.loads((d / f"parts/{i}.write.json").read_text())["num_samples"] for i in range(3)] == [10, 10, 3]
     (workdir / "FAIL_AT").unlink()
     (workdir / "calls.txt").write_text("")
     record = full_write(spec, workdir / "results")
-    assert record["stream"] == {"count": 25, "parts": 3, "resumed_parts": 2}
+    assert record["stream"] == {"count": 25, "parts": 4, "resumed_parts": 3}
+    assert [p["num_samples"] for p in record["partitions"]] == [10, 10, 3, 2]
     after = part_stats(d)
     assert {k: after[k] for k in before} == before  # the finished parts were not rewritten
-    assert "2.beton" in after
+    assert "3.beton" in after
     x, y = stored(d / "it.beton")
     assert y.tolist() == list(range(25))
     report = verify_dataset(
@@ -280,6 +283,23 @@ def test_a_source_changed_since_its_finished_parts_is_refused_and_they_are_remov
     assert not list((workdir / "results/it/parts").glob("*.beton"))
     record = full_write(spec, workdir / "results")  # the next run rewrites them
     assert record["stream"] == {"count": 25, "parts": 3, "resumed_parts": 0}
+
+
+def test_a_raise_right_after_a_full_part_keeps_that_part(workdir: Path):
+    spec = make_spec()
+    (workdir / "FAIL_AT").write_text("20")
+    with pytest.raises(SampleError, match="producing sample 20"):
+        run_stages(spec, workdir / "results", verify=False)
+    parts = workdir / "results/it/parts"
+    assert sorted(p.name for p in parts.glob("*.beton")) == ["0.beton", "1.beton"]
+    assert not json.loads((parts / "1.write.json").read_text())["final"]
+
+
+def test_a_wrong_length_is_caught_when_every_part_was_finished_before(workdir: Path):
+    run_stages(make_spec(), workdir / "results", verify=False)
+    (workdir / "results/it/it.beton").unlink()
+    with pytest.raises(SourceError, match="yielded 25 samples but `datasets.it.source.length` says 24"):
+        full_write(make_spec(length=24), workdir / "results")
 
 
 def test_every_part_finished_is_merged_without_reading_the_stream(workdir: Path):
