@@ -145,22 +145,28 @@ def iterate(spec: DatasetSpec, start: int = 0) -> Iterator[tuple[int, Any]]:
 
 
 def _positions(spec: DatasetSpec, iterator: Iterator, position: int) -> Iterator[tuple[int, Any]]:
-    while True:
-        try:
-            sample = next(iterator)
-        except StopIteration:
-            return
-        except Exception as exc:
-            raise SampleError(
-                spec.name,
-                None,
-                position,
-                f"the iterable of factory {spec.source['factory']} raised {type(exc).__name__}: {exc} while "
-                f"producing sample {position} (position in the stream)",
-                "fix the iterable; the finished parts are kept and the next run resumes after them",
-            ) from exc
-        yield position, _copied(sample)
-        position += 1
+    try:
+        while True:
+            try:
+                sample = next(iterator)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise SampleError(
+                    spec.name,
+                    None,
+                    position,
+                    f"the iterable of factory {spec.source['factory']} raised {type(exc).__name__}: {exc} while "
+                    f"producing sample {position} (position in the stream)",
+                    "fix the iterable; the finished parts are kept and the next run resumes after them",
+                ) from exc
+            yield position, _copied(sample)
+            position += 1
+    finally:
+        # a user's generator left early (the first samples only) closes its files and connections now
+        close = getattr(iterator, "close", None)
+        if callable(close):
+            close()
 
 
 def start_parameter(factory) -> str | None:

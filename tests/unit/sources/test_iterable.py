@@ -16,7 +16,9 @@ from betonbuild.beton.format import BetonFile
 from betonbuild.config.load import load_config
 from betonbuild.errors import ConfigError, SampleError, SourceError, VerificationError
 from betonbuild.fields import field_kind
+from betonbuild.sources import open_source
 from betonbuild.workflow.stages import build, make_source_manifest, verify_dataset
+from betonbuild.write.determinism import SourceNotDeterministic
 
 # numba's dispatcher finalizer raises KeyError when ffcv.Loader objects are collected (ffcv 1.0.2, harmless).
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -54,6 +56,21 @@ def from_start(n=25, start=0):
 def bad_at_15(n=25):
     for i in range(n):
         yield (value(i).astype(np.float64) if i == 15 else value(i)), i
+
+
+def unseeded(n=25):
+    rng = np.random.default_rng()
+    for i in range(n):
+        yield rng.random(4, dtype=np.float32), i
+
+
+def closing(n=25):
+    try:
+        for i in range(n):
+            yield value(i), i
+    finally:
+        with open("calls.txt", "a") as fh:
+            fh.write("closed\\n")
 
 
 def reused_buffer(n=12):
@@ -201,6 +218,17 @@ def test_length_mismatch_is_a_clear_error(workdir: Path, length: int, said: str)
     message = str(info.value)
     assert said in message and "datasets.it.source.length" in message and message.startswith("dataset 'it': ")
     assert not (workdir / "results/it/it.beton").exists()
+
+
+def test_a_stream_that_differs_between_iterations_is_stopped_by_the_smoke_stage(workdir: Path):
+    with pytest.raises(SourceNotDeterministic, match="differs between two openings of the source"):
+        run_stages(make_spec("it_stream:unseeded"), workdir / "results", verify=False)
+    assert not (workdir / "results/it/parts").exists()
+
+
+def test_a_generator_left_after_its_first_samples_is_closed(workdir: Path):
+    assert len(open_source(make_spec("it_stream:closing"))) == 4
+    assert (workdir / "calls.txt").read_text().split() == ["closed"]
 
 
 def test_length_given_and_right_passes(workdir: Path):
