@@ -156,7 +156,7 @@ def _dataset_spec(name: str, entry: dict[str, Any]) -> DatasetSpec:
     _check_source(f"{where}.source", entry["source"], fields, entry["writer"])
     if entry["partitions"] is not None and entry["samples_per_partition"] is not None:
         raise ConfigError(where, "give `partitions` or `samples_per_partition`, not both")
-    return DatasetSpec(
+    spec = DatasetSpec(
         name=name,
         source=entry["source"],
         fields=fields,
@@ -171,6 +171,8 @@ def _dataset_spec(name: str, entry: dict[str, Any]) -> DatasetSpec:
         },
         partitions=PartitionSpec(entry["partitions"], entry["samples_per_partition"], bool(entry["keep_parts"])),
     )
+    SOURCE_KINDS[spec.source["kind"]].check_spec(spec)
+    return spec
 
 
 def _check_field_names(where: str, names: list[str]) -> None:

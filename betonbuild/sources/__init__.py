@@ -2,6 +2,7 @@
 
 - ``arrays``: columns of an .npz file, or one .npy file per column (memory-mapped);
 - ``image_folder``: ``root/<class>/<file>`` -> (PIL image, class index), classes = sorted folder names;
+- ``iterable``: the user's ``module:factory(**args)`` returning an iterable, read once (``write.onepass``);
 - ``python``: the user's ``module:factory(**args)``, imported with the working directory on sys.path;
 - ``webdataset``: local .tar shards, indexed through their derived shard list (``shards``);
 - ``parquet``: local .parquet files, read a row group at a time (``arrow_columns`` maps the columns);
@@ -29,6 +30,7 @@ from betonbuild.sources.base import Source
 from betonbuild.sources.files import fingerprint_files, sha256_file
 from betonbuild.sources.huggingface import HuggingFaceSource
 from betonbuild.sources.image_folder import ImageFolderSource
+from betonbuild.sources.iterable import IterableSource
 from betonbuild.sources.parquet import ParquetSource
 from betonbuild.sources.python import PythonSource
 from betonbuild.sources.shards import SHARD_LIST
@@ -36,7 +38,15 @@ from betonbuild.sources.webdataset import WebDatasetSource
 
 SOURCE_KINDS: dict[str, type[Source]] = {
     cls.kind: cls
-    for cls in (ArraysSource, ImageFolderSource, PythonSource, WebDatasetSource, ParquetSource, HuggingFaceSource)
+    for cls in (
+        ArraysSource,
+        ImageFolderSource,
+        IterableSource,
+        PythonSource,
+        WebDatasetSource,
+        ParquetSource,
+        HuggingFaceSource,
+    )
 }
 
 __all__ = [
@@ -45,6 +55,7 @@ __all__ = [
     "ArraysSource",
     "HuggingFaceSource",
     "ImageFolderSource",
+    "IterableSource",
     "ParquetSource",
     "PythonSource",
     "Source",
@@ -59,6 +70,7 @@ __all__ = [
     "missing_package",
     "needs_file_list",
     "needs_shard_list",
+    "one_pass",
     "open_source",
     "sha256_file",
     "shard_files",
@@ -98,6 +110,11 @@ def input_files(spec: DatasetSpec) -> list[str]:
 def needs_shard_list(spec: DatasetSpec) -> bool:
     """The source is read through results/{ds}/shards.json (the shard_list rule's output)."""
     return source_class(spec).needs_shard_list
+
+
+def one_pass(spec: DatasetSpec) -> bool:
+    """The source is read once, in its own order, by the full write (an iterable): it has no part jobs."""
+    return source_class(spec).one_pass
 
 
 def needs_file_list(spec: DatasetSpec) -> bool:

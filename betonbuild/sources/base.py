@@ -35,6 +35,9 @@ class Source:
     # A part's fingerprint hashes every byte of its content: a partitioned source's fingerprint is
     # derived from its parts' (hashing the files as well would read every byte twice)
     fingerprint_from_parts: ClassVar[bool] = False
+    # Cannot be indexed: read once, in its own order, by the one-pass write (``workflow.onepass``);
+    # an opened instance holds only the first samples, for the manifest and the smoke stage
+    one_pass: ClassVar[bool] = False
 
     spec: DatasetSpec
     files: list[str]  # the input files read, in order (fingerprinted by ``inputs_fingerprint``)
@@ -46,6 +49,10 @@ class Source:
         cls, where: str, source: dict[str, Any], fields: tuple[FieldSpec, ...], writer: dict[str, Any]
     ) -> None:
         """Raises a ConfigError for what the schema cannot say; ``where`` is ``datasets.<name>.source``."""
+
+    @classmethod
+    def check_spec(cls, spec: DatasetSpec) -> None:
+        """Raises a ConfigError for what the kind cannot do with the dataset's other keys (e.g. partitions)."""
 
     @classmethod
     def input_files(cls, spec: DatasetSpec) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from betonbuild.config.spec import DatasetSpec
+from betonbuild.sources import source_class
 
 # What every stage depends on: the samples and how they are laid out in the file.
 CONTENT_KEYS = ("name", "source", "fields", "sample_keys", "writer")
@@ -22,7 +23,10 @@ def _spec_parts(spec: DatasetSpec, *parts: str) -> dict[str, Any]:
 
 
 def write_spec(spec: DatasetSpec) -> dict[str, Any]:
-    """What determines the full file's bytes (also of its parts, its merge and its report)."""
+    """What determines the full file's bytes (also of its parts, its merge and its report). A one-pass
+    (iterable) source's write cuts its parts itself: their size and whether they are kept are its own."""
+    if source_class(spec).one_pass:
+        return _spec_parts(spec, "samples_per_partition", "keep_parts")
     return _spec_parts(spec)
 
 

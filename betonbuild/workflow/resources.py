@@ -73,7 +73,7 @@ def read_manifest(path: str | None) -> dict[str, Any] | None:
 
 def num_samples(spec: DatasetSpec, manifest: dict[str, Any] | None) -> int:
     """Samples of the full file: from the manifest, else estimated from the config."""
-    if manifest:
+    if manifest and manifest["num_samples"] is not None:  # None: an iterable's, before its write
         return int(manifest["num_samples"])
     length = source_class(spec).estimated_length(spec)
     if length is None:

@@ -26,6 +26,7 @@ from betonbuild.sources import open_source, source_class, source_fingerprint
 from betonbuild.sources.folder_listing import scan_folder, write_listing
 from betonbuild.sources.shards import shard_list
 from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
+from betonbuild.workflow import onepass
 from betonbuild.workflow.partitions import (
     partition_bounds,
     parts_digest,
@@ -83,6 +84,8 @@ def make_source_manifest(
     the smoke samples and a fingerprint of exactly their content, in a file of its own so that a
     change of the smoke settings leaves source.json, and the stages that read it, as they were.
     ``memory_mb``: the job's declared memory (a Snakemake job's mem_mb), checked against the length."""
+    if source_class(spec).one_pass:  # an iterable: nothing to index before its one-pass write
+        return onepass.make_stream_manifest(spec, manifest_path, smoke_path, log)
     started = time.monotonic()
     source = open_source(spec, Path(manifest_path).parent)
     if memory_mb is not None:
@@ -134,6 +137,8 @@ def rows_to_write(spec: DatasetSpec, source, manifest_path: str, smoke: bool, pa
     """Source index of every sample of the file: the final order, the smoke subset of it, or a part's slice."""
     with open(manifest_path) as fh:
         manifest = json.load(fh)
+    if source.one_pass:  # an iterable: the smoke stage reads its first samples (the write streams)
+        return onepass.first_rows(spec, source, manifest, smoke, part)
     if len(source) != manifest["length"]:
         raise SourceError(
             spec.name,
@@ -169,6 +174,8 @@ def build(
     reads a few twice (``write.determinism``). A bad sample is saved under ``results/{ds}/failure/``
     for ``betonbuild repro``.
     """
+    if source_class(spec).one_pass and not smoke:  # an iterable: written in one pass, into parts
+        return onepass.write_stream(spec, manifest_path, beton_path, record_path, threads, log)
     started = time.time()
     dataset_dir = Path(manifest_path).parent
     source = open_source(spec, dataset_dir)
@@ -304,9 +311,14 @@ def verify_dataset(
     imports ffcv in its own process meanwhile, for the Loader batch.
     """
     loader = loader or start_loader_process(spec, threads or 1)  # it imports ffcv while the source is opened
+    streamed = source_class(spec).one_pass and not smoke
     try:
-        source = open_source(spec, Path(manifest_path).parent)
-        rows = rows_to_write(spec, source, manifest_path, smoke, part)
+        if streamed:  # an iterable: a second iteration, compared in stream order by one thread
+            source, rows = onepass.stream_for_verify(spec, record_path)
+            threads = 1
+        else:
+            source = open_source(spec, Path(manifest_path).parent)
+            rows = rows_to_write(spec, source, manifest_path, smoke, part)
         with open(record_path) as fh:
             record = json.load(fh)
         if record.get("rows_sha256") != rows_digest(rows):
@@ -341,6 +353,8 @@ def verify_dataset(
         for k in ("kind", "length", "num_samples", "order_sha256", "inputs")
         if whole_source or k != "inputs"
     }
+    if streamed:
+        onepass.finish_verify(report, source)
     if not report["ok"]:
         write_json(failed_report_path, report)
         raise VerificationError(

@@ -13,6 +13,7 @@ from betonbuild.sources import (
     missing_package,
     needs_file_list,
     needs_shard_list,
+    one_pass,
 )
 from betonbuild.sources import listed_files_signature as source_listed_files_signature
 from betonbuild.sources import missing_listed_files as source_missing_listed_files
@@ -59,8 +60,13 @@ wildcard_constraints:
     part=r"\d+",
 
 
-# A partitioned dataset's .beton is the merge of its parts; the others are written directly.
-PARTITIONED = [name for name, spec in DATASETS.items() if spec.partitions.partitioned]
+# A partitioned dataset's .beton is the merge of its parts; the others are written directly, an
+# iterable source too (its write job reads it once, into parts it merges itself).
+PARTITIONED = [
+    name
+    for name, spec in DATASETS.items()
+    if spec.partitions.partitioned and not one_pass(spec)
+]
 UNPARTITIONED = [name for name in DATASETS if name not in PARTITIONED]
 KEEP_PARTS = [name for name in PARTITIONED if DATASETS[name].partitions.keep_parts]
 TEMP_PARTS = [name for name in PARTITIONED if name not in KEEP_PARTS]

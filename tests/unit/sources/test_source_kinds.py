@@ -20,6 +20,7 @@ from betonbuild.sources import (
     ArraysSource,
     HuggingFaceSource,
     ImageFolderSource,
+    IterableSource,
     ParquetSource,
     PythonSource,
     WebDatasetSource,
@@ -49,7 +50,7 @@ INSTANCE_MEMBERS = (
     "part_fingerprint",
     "smoke_fingerprint",
 )
-FLAGS = ("may_import_ffcv", "needs_shard_list", "gives_fixed_columns", "fingerprint_from_parts")
+FLAGS = ("may_import_ffcv", "needs_shard_list", "gives_fixed_columns", "fingerprint_from_parts", "one_pass")
 
 
 def make_spec(source: dict, fields: dict, name: str = "ds", **entry) -> DatasetSpec:
@@ -82,10 +83,11 @@ def python_spec(factory: str = "bb_kinds_module:make") -> DatasetSpec:
 # --- the registry and the interface --------------------------------------------------------------
 
 
-def test_the_registry_holds_the_kinds_by_their_config_name():
+def test_the_registry_holds_every_kind_by_its_config_name():
     assert SOURCE_KINDS == {
         "arrays": ArraysSource,
         "image_folder": ImageFolderSource,
+        "iterable": IterableSource,
         "python": PythonSource,
         "webdataset": WebDatasetSource,
         "parquet": ParquetSource,
@@ -111,12 +113,14 @@ def test_the_kinds_flags():
     assert {k: c.may_import_ffcv for k, c in SOURCE_KINDS.items()} == {
         "arrays": False,
         "image_folder": False,
+        "iterable": True,
         "python": True,
         "webdataset": False,
         "parquet": False,
         "huggingface": False,
     }
     assert [k for k, c in SOURCE_KINDS.items() if c.needs_shard_list] == ["webdataset"]
+    assert [k for k, c in SOURCE_KINDS.items() if c.one_pass] == ["iterable"]
     assert sorted(k for k, c in SOURCE_KINDS.items() if c.gives_fixed_columns) == [
         "arrays",
         "huggingface",
@@ -130,6 +134,7 @@ def test_source_class_of_each_kind(tmp_path, photo_folder):
     specs = {
         "arrays": arrays_npz(tmp_path),
         "image_folder": folder_spec(photo_folder),
+        "iterable": make_spec({"kind": "iterable", "factory": "m:f"}, {"value": {"type": "int"}}),
         "python": python_spec(),
         "webdataset": wds_spec("x.tar"),
         "parquet": make_spec({"kind": "parquet", "path": "x.parquet"}, {"x": {"type": "int"}}),
