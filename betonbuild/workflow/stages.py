@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from betonbuild.atomic import write_json
+from betonbuild.beton.header import read_header
 from betonbuild.beton.merge import merge_betons
 from betonbuild.config.spec import DatasetSpec, resolve_indices, smoke_positions
 from betonbuild.errors import MergeError, SampleError, SourceError, VerificationError
@@ -184,9 +185,7 @@ def build(
             user_code = bool(source_class(spec).adapter_references(spec))
             check_deterministic(spec, source, rows, (lambda: open_source(spec, dataset_dir)) if user_code else None)
         if not smoke and part is None:
-            smoke_rows_written = len(rows_to_write(spec, source, manifest_path, smoke=True))
-            needed = estimated_from_smoke(dataset_dir / "smoke.beton", smoke_rows_written, len(rows))
-            check_free_space(spec.name, beton_path, needed)
+            check_free_space(spec.name, beton_path, _estimated_size(dataset_dir / "smoke.beton", len(rows)))
         # The smoke file and the parts are written by one worker: byte-identical across runs
         # (a part's parallelism is the other parts' jobs), and the smoke file fails fastest.
         workers = 1 if smoke or part is not None else resolve_workers(spec.writer.num_workers, threads)
@@ -214,6 +213,16 @@ def build(
             record.update(part=part, fingerprint=json.load(fh)["partitions"][part]["fingerprint"])
     write_json(record_path, record)
     return record
+
+
+def _estimated_size(smoke_beton: Path, samples: int) -> int | None:
+    """Bytes of the full file, scaled from the smoke file by its header's sample count (not from the
+    sample order, which would be resolved again); None without a smoke file."""
+    try:
+        header = read_header(smoke_beton)
+    except OSError:
+        return None
+    return None if header is None else estimated_from_smoke(smoke_beton, int(header["num_samples"]), samples)
 
 
 def merge_parts(
