@@ -24,7 +24,8 @@ from betonbuild.errors import MergeError, SampleError, SourceError, Verification
 from betonbuild.fields.custom import custom_handlers
 from betonbuild.provenance import ffcv_build
 from betonbuild.sources import open_source, source_class, source_fingerprint
-from betonbuild.sources.folder_listing import scan_folder, write_listing
+from betonbuild.sources.folder_listing import write_listing
+from betonbuild.sources.image_folder import ImageFolderSource
 from betonbuild.sources.shards import shard_list
 from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
 from betonbuild.workflow.partitions import (
@@ -54,12 +55,7 @@ def make_file_list(spec: DatasetSpec, file_list_path: str, processes: int = 1, l
     """results/{ds}/files.npz of an image folder: every file, its stat and sha256 (hashed only where
     it changed since the last listing, in ``processes`` processes)."""
     started = time.monotonic()
-    root = Path(spec.source["root"])
-    if not root.is_dir():
-        raise SourceError(spec.name, f"image folder {root} does not exist (working directory {Path.cwd()})")
-    listing = scan_folder(spec.name, root, spec.source["extensions"])
-    if not len(listing):
-        raise SourceError(spec.name, f"image folder {root} has no images in class sub-folders")
+    listing = ImageFolderSource.scan(spec)
     hashed = write_listing(spec.name, listing, file_list_path, processes)
     print(
         f"{spec.name}: {len(listing)} files listed, {hashed} of them hashed (new or changed) "
