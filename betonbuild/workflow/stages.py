@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from betonbuild.atomic import write_json
-from betonbuild.beton.header import read_header
+from betonbuild.beton.header import read_header, scaled_size
 from betonbuild.beton.merge import merge_betons
 from betonbuild.config.spec import DatasetSpec, resolve_indices, smoke_positions
 from betonbuild.errors import MergeError, SampleError, SourceError, VerificationError
@@ -212,13 +212,16 @@ def build(
 
 
 def _estimated_size(smoke_beton: Path, samples: int) -> int | None:
-    """Bytes of the full file, scaled from the smoke file by its header's sample count (not from the
-    sample order, which would be resolved again); None without a smoke file."""
+    """Bytes of the full file, scaled from the smoke file's own header and allocation table (not
+    from the sample order, which would be resolved again); None without a smoke file."""
     try:
-        header = read_header(smoke_beton)
+        scaled = scaled_size(smoke_beton, samples)
+        header = read_header(smoke_beton) if scaled is None else None
     except OSError:
         return None
-    return None if header is None else estimated_from_smoke(smoke_beton, int(header["num_samples"]), samples)
+    if header is not None:  # a file its table cannot describe: scaled whole
+        return estimated_from_smoke(smoke_beton, int(header["num_samples"]), samples)
+    return scaled
 
 
 def merge_parts(
