@@ -15,6 +15,7 @@ import numpy as np
 from betonbuild.beton.format import (
     IMAGE_MODE_JPEG,
     IMAGE_MODE_RAW,
+    MATCH_BLOCK,
     PAYLOAD_TYPE_IDS,
     POINTER_TYPES,
     RGB_IMAGE_TYPE_ID,
@@ -175,28 +176,9 @@ def _samples_on_one_page(inside: _Inside) -> dict[str, Any]:
 
 def _metadata_pointers(beton: BetonFile) -> dict[str, Any]:
     problems = []
-    rows = np.arange(beton.num_samples, dtype=np.uint64)
     for info in beton.fields:
-        if info.type_id not in POINTER_TYPES:
-            continue
-        pointers = beton.pointer_column(info)
-        sizes = beton._size_or_none(info)
-        found = beton.match_allocations(pointers, rows, sizes)
-        missing = found < 0
-        if info.type_id == RGB_IMAGE_TYPE_ID and not missing.any():
-            problems += _image_problems(beton, info, found)
-        if missing.any():
-            row = int(np.argmax(missing))
-            if sizes is not None and beton.match_allocations(pointers[row : row + 1], rows[row : row + 1])[0] >= 0:
-                problems.append(
-                    f"field '{info.name}': sample {row}'s allocation at {int(pointers[row])} is not "
-                    f"{int(sizes[row])} bytes as its metadata says ({int(missing.sum())} such samples)"
-                )
-            else:
-                problems.append(
-                    f"field '{info.name}': sample {row}'s pointer {int(pointers[row])} is not an allocation "
-                    f"of sample {row} ({int(missing.sum())} such samples)"
-                )
+        if info.type_id in POINTER_TYPES:
+            problems += _pointer_problems(beton, info)
     return _check(
         "metadata_pointers",
         not problems,
@@ -206,23 +188,64 @@ def _metadata_pointers(beton: BetonFile) -> dict[str, Any]:
     )
 
 
-def _image_problems(beton: BetonFile, info: FieldInfo, found: np.ndarray) -> list[str]:
-    """Raw images whose allocation is not width*height*3 bytes, and unknown image modes."""
+def _pointer_problems(beton: BetonFile, info: FieldInfo) -> list[str]:
+    """One field's pointers matched against the table in blocks of samples: the temporaries (rows,
+    sizes, matches) stay a few MiB at any size (whole columns of them were 32 bytes a sample)."""
+    pointers, sizes = beton.pointer_column(info), beton._size_or_none(info)
+    missing, first, problems = 0, -1, []
+    for lo in range(0, beton.num_samples, MATCH_BLOCK):
+        hi = min(beton.num_samples, lo + MATCH_BLOCK)
+        rows = np.arange(lo, hi, dtype=np.uint64)
+        found = beton.match_allocations(pointers[lo:hi], rows, None if sizes is None else sizes[lo:hi])
+        lost = found < 0
+        if lost.any():
+            missing += int(lost.sum())
+            first = lo + int(np.argmax(lost)) if first < 0 else first
+        elif info.type_id == RGB_IMAGE_TYPE_ID and not missing:
+            problems += _image_problems(beton, info, found, lo)
+    if info.type_id == RGB_IMAGE_TYPE_ID:
+        problems = _merged(problems)
+    if not missing:
+        return problems
+    row, at = first, slice(first, first + 1)
+    if sizes is not None and beton.match_allocations(pointers[at], np.array([row], dtype=np.uint64))[0] >= 0:
+        return [
+            f"field '{info.name}': sample {row}'s allocation at {int(pointers[row])} is not "
+            f"{int(sizes[row])} bytes as its metadata says ({missing} such samples)"
+        ]
+    return [
+        f"field '{info.name}': sample {row}'s pointer {int(pointers[row])} is not an allocation "
+        f"of sample {row} ({missing} such samples)"
+    ]
+
+
+def _merged(problems: list[tuple[str, str, int]]) -> list[str]:
+    """The image problems of every block, one line per kind: the first block's (a wrong size with the total count)."""
+    first: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for kind, text, count in problems:
+        first.setdefault(kind, text)
+        counts[kind] = counts.get(kind, 0) + count
+    return [text + (f" ({counts[kind]} such samples)" if kind == "wrong" else "") for kind, text in first.items()]
+
+
+def _image_problems(beton: BetonFile, info: FieldInfo, found: np.ndarray, lo: int) -> list[tuple[str, str, int]]:
+    """Raw images whose allocation is not width*height*3 bytes, and unknown image modes, among the
+    samples from ``lo`` that ``found`` matched: (kind, message, count)."""
     problems = []
-    column = beton.metadata[info.name]
+    column = beton.metadata[info.name][lo : lo + len(found)]
     raw = column["mode"] == IMAGE_MODE_RAW
     want = column["width"].astype(np.uint64) * column["height"].astype(np.uint64) * np.uint64(3)
     wrong = raw & (beton._sorted_table[2][found] != want)
     unknown = (column["mode"] != IMAGE_MODE_RAW) & (column["mode"] != IMAGE_MODE_JPEG)
     if wrong.any():
         row = int(np.argmax(wrong))
-        problems.append(
-            f"field '{info.name}': sample {row}'s raw image allocation is not "
-            f"{int(want[row])} bytes ({int(wrong.sum())} such samples)"
-        )
+        text = f"field '{info.name}': sample {lo + row}'s raw image allocation is not {int(want[row])} bytes"
+        problems.append(("wrong", text, int(wrong.sum())))
     if unknown.any():
         row = int(np.argmax(unknown))
-        problems.append(f"field '{info.name}': sample {row} has unknown image mode {int(column['mode'][row])}")
+        text = f"field '{info.name}': sample {lo + row} has unknown image mode {int(column['mode'][row])}"
+        problems.append(("unknown", text, int(unknown.sum())))
     return problems
 
 

@@ -51,16 +51,20 @@ class ImageFolderSource(Source):
         self.spec = spec
         self.root = Path(spec.source["root"])
         self.from_listing = listing is not None
-        if listing is None:
-            if not self.root.is_dir():
-                raise SourceError(
-                    spec.name, f"image folder {self.root} does not exist (working directory {os.getcwd()})"
-                )
-            listing = scan_folder(spec.name, self.root, spec.source["extensions"])
+        self.listing = listing if listing is not None else self.scan(spec)
+        self.classes = self.listing.classes
+
+    @classmethod
+    def scan(cls, spec: DatasetSpec) -> FolderListing:
+        """The folder's files, stat only (the file_list job's listing; the CLI's source); a missing
+        folder or one without images is a SourceError."""
+        root = Path(spec.source["root"])
+        if not root.is_dir():
+            raise SourceError(spec.name, f"image folder {root} does not exist (working directory {os.getcwd()})")
+        listing = scan_folder(spec.name, root, spec.source["extensions"])
         if not len(listing):
-            raise SourceError(spec.name, f"image folder {self.root} has no images in class sub-folders")
-        self.listing = listing
-        self.classes = listing.classes
+            raise SourceError(spec.name, f"image folder {root} has no images in class sub-folders")
+        return listing
 
     @classmethod
     def open(cls, spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None) -> ImageFolderSource:

@@ -37,6 +37,7 @@ from betonbuild.sources.shards import (
     shards_fingerprint,
 )
 from betonbuild.sources.wds_package import require_webdataset, require_webdataset_installed, webdataset_installed
+from betonbuild.write.workplan import WorkPlan
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # http:, s3:, gs:, pipe:, file: ...
 
@@ -199,12 +200,11 @@ class WebDatasetSource(Source):
     def shard_counts(self) -> list[int]:
         return [int(e["samples"]) for e in self.entries]
 
-    def work_items(self, rows: np.ndarray) -> list:
-        """One work item per shard, so each shard is opened and read once, by one worker."""
-        items: dict[int, list[tuple[int, int]]] = {}
-        for dest, index in enumerate(rows.tolist()):
-            items.setdefault(self.location(index)[0], []).append((dest, index))
-        return list(items.values())
+    def work_items(self, rows: np.ndarray) -> WorkPlan:
+        """One work item per shard, so each shard is opened and read once, by one worker (numpy
+        arrays: bounded for 10,000 shards of any size)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return WorkPlan.by_group(rows, np.searchsorted(self.offsets, rows, side="right") - 1)
 
     def inputs_fingerprint(self, read_files: bool = True) -> dict[str, Any]:
         """The shard list already holds every shard's sha256: no need to read the shards again."""

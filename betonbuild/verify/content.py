@@ -21,6 +21,7 @@ from betonbuild.beton.format import BetonFile
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError, BetonFormatError
 from betonbuild.fields import FIELD_KINDS, field_kind
+from betonbuild.mapped_pages import release_mapped
 from betonbuild.verify.images import DecoderCount, StoredImages, decode_source_image
 from betonbuild.write.contract import check_sample, check_value
 
@@ -28,6 +29,7 @@ CHUNK_ROWS = 4096  # positions compared at once: bounds the memory of the vector
 MIN_TASK_ROWS, MAX_TASK_ROWS = 16, 256  # positions per pool task when every sample is decoded
 MAX_PROBLEMS = 5
 TASKS_IN_FLIGHT = 64  # chunks submitted to the pool ahead of the one being merged
+RELEASE_EVERY = 1024  # chunks between unmappings of the pages read (4M positions of fixed fields)
 
 
 @dataclass
@@ -158,10 +160,12 @@ def run_content(ctx: Context, pool: ThreadPoolExecutor) -> Tally:
     step, n = ctx.positions_per_task, len(ctx.indices)
     in_flight: deque = deque()
     total = Tally()
-    for start in range(0, n, step):
+    for number, start in enumerate(range(0, n, step)):
         in_flight.append(pool.submit(_compare_chunk, ctx, start, min(start + step, n)))
         if len(in_flight) >= TASKS_IN_FLIGHT:
             total.merge(in_flight.popleft().result())
+        if number % RELEASE_EVERY == RELEASE_EVERY - 1:  # the file's and the source's pages compared so far
+            release_mapped(ctx.beton.mm, *ctx.columns.values())
     while in_flight:
         total.merge(in_flight.popleft().result())
     return total

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from betonbuild.beton.checks import structural_checks
-from betonbuild.beton.format import FORMAT_VERSION, HEADER_TYPE, BetonFile
+from betonbuild.beton.format import FORMAT_VERSION, BetonFile
+from betonbuild.beton.header import read_header
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.fields import describe_arguments, field_kind
 
@@ -13,11 +12,10 @@ from betonbuild.fields import describe_arguments, field_kind
 def check_format_version(path: str) -> tuple[bool, str] | None:
     """The header's format version, read from the file's first bytes before the reader (which refuses
     any other version) is built; None for a file too short for a header (the reader says so)."""
-    with open(path, "rb") as fh:
-        head = fh.read(HEADER_TYPE.itemsize)
-    if len(head) < HEADER_TYPE.itemsize:
+    header = read_header(path)
+    if header is None:
         return None
-    version = int(np.frombuffer(head, dtype=HEADER_TYPE)[0]["version"])
+    version = int(header["version"])
     if version == FORMAT_VERSION:
         return True, f"format version {version}, the version ffcv 1.0.2 writes and reads"
     return False, (

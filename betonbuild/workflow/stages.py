@@ -17,13 +17,15 @@ from typing import Any
 import numpy as np
 
 from betonbuild.atomic import write_json
+from betonbuild.beton.header import read_header, scaled_size
 from betonbuild.beton.merge import merge_betons
 from betonbuild.config.spec import DatasetSpec, resolve_indices, smoke_positions
 from betonbuild.errors import MergeError, SampleError, SourceError, VerificationError
 from betonbuild.fields.custom import custom_handlers
 from betonbuild.provenance import ffcv_build
 from betonbuild.sources import open_source, source_class, source_fingerprint
-from betonbuild.sources.folder_listing import scan_folder, write_listing
+from betonbuild.sources.folder_listing import write_listing
+from betonbuild.sources.image_folder import ImageFolderSource
 from betonbuild.sources.shards import shard_list
 from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
 from betonbuild.workflow import onepass
@@ -54,12 +56,7 @@ def make_file_list(spec: DatasetSpec, file_list_path: str, processes: int = 1, l
     """results/{ds}/files.npz of an image folder: every file, its stat and sha256 (hashed only where
     it changed since the last listing, in ``processes`` processes)."""
     started = time.monotonic()
-    root = Path(spec.source["root"])
-    if not root.is_dir():
-        raise SourceError(spec.name, f"image folder {root} does not exist (working directory {Path.cwd()})")
-    listing = scan_folder(spec.name, root, spec.source["extensions"])
-    if not len(listing):
-        raise SourceError(spec.name, f"image folder {root} has no images in class sub-folders")
+    listing = ImageFolderSource.scan(spec)
     hashed = write_listing(spec.name, listing, file_list_path, processes)
     print(
         f"{spec.name}: {len(listing)} files listed, {hashed} of them hashed (new or changed) "
@@ -191,9 +188,7 @@ def build(
             user_code = bool(source_class(spec).adapter_references(spec))
             check_deterministic(spec, source, rows, (lambda: open_source(spec, dataset_dir)) if user_code else None)
         if not smoke and part is None:
-            smoke_rows_written = len(rows_to_write(spec, source, manifest_path, smoke=True))
-            needed = estimated_from_smoke(dataset_dir / "smoke.beton", smoke_rows_written, len(rows))
-            check_free_space(spec.name, beton_path, needed)
+            check_free_space(spec.name, beton_path, _estimated_size(dataset_dir / "smoke.beton", len(rows)))
         # The smoke file and the parts are written by one worker: byte-identical across runs
         # (a part's parallelism is the other parts' jobs), and the smoke file fails fastest.
         workers = 1 if smoke or part is not None else resolve_workers(spec.writer.num_workers, threads)
@@ -221,6 +216,19 @@ def build(
             record.update(part=part, fingerprint=json.load(fh)["partitions"][part]["fingerprint"])
     write_json(record_path, record)
     return record
+
+
+def _estimated_size(smoke_beton: Path, samples: int) -> int | None:
+    """Bytes of the full file, scaled from the smoke file's own header and allocation table (not
+    from the sample order, which would be resolved again); None without a smoke file."""
+    try:
+        scaled = scaled_size(smoke_beton, samples)
+        header = read_header(smoke_beton) if scaled is None else None
+    except OSError:
+        return None
+    if header is not None:  # a file its table cannot describe: scaled whole
+        return estimated_from_smoke(smoke_beton, int(header["num_samples"]), samples)
+    return scaled
 
 
 def merge_parts(

@@ -34,8 +34,26 @@ class WorkPlan:
         return cls(np.asarray(order), bounds)
 
     @classmethod
-    def groups(cls, items: Iterable[Sequence[tuple[int, int]] | np.ndarray]) -> WorkPlan:
-        """One item per group of (destination, source index) pairs, e.g. a webdataset shard's samples."""
+    def by_group(cls, order: np.ndarray, groups: np.ndarray) -> WorkPlan:
+        """One item per distinct value of ``groups`` (the group of each sample of ``order``, e.g. its
+        webdataset shard), items in the order their groups first appear, each item's samples in the
+        order's order: from arrays (a 10,000-shard source's plan is 16 bytes a sample), no Python
+        object per sample."""
+        order, groups = np.asarray(order, dtype=np.int64), np.asarray(groups)
+        distinct, first, counts = np.unique(groups, return_index=True, return_counts=True)
+        by_first = np.argsort(first, kind="stable")
+        rank = np.empty(len(distinct), dtype=np.int64)
+        rank[by_first] = np.arange(len(distinct), dtype=np.int64)
+        destinations = np.argsort(rank[np.searchsorted(distinct, groups)], kind="stable").astype(np.int64)
+        bounds = np.concatenate([[0], np.cumsum(counts[by_first])]).astype(np.int64)
+        return cls(np.ascontiguousarray(order[destinations]), bounds, destinations)
+
+    @classmethod
+    def groups(cls, items: WorkPlan | Iterable[Sequence[tuple[int, int]] | np.ndarray]) -> WorkPlan:
+        """One item per group of (destination, source index) pairs, e.g. a webdataset shard's samples;
+        a plan a source built itself (``by_group``) as it is."""
+        if isinstance(items, WorkPlan):
+            return items
         pairs = [np.asarray(item, dtype=np.int64).reshape(-1, 2) for item in items]
         sizes = np.array([len(p) for p in pairs], dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)

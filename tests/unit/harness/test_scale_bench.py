@@ -197,6 +197,17 @@ def test_targets_say_met_and_missed_against_the_issue():
     assert len(found) == 6
 
 
+def test_a_rows_case_above_what_plain_ffcv_survives_is_the_build_alone_against_4_gb():
+    """100M rows: plain ffcv (~500 bytes a sample) is not run; the target is completing within 4 GB per job."""
+    rows = case("arrays", 100_000_000, {"write": job(900.0, 3500), "verify": job(300.0, 3900)}, 1400.0, 1.0)
+    rows.update(tag="rows_100000000", ratios=[], plain_rss_mib=None, plain_in_process_s=None)
+    rows["seconds"]["plain_ffcv"] = None
+    (found,) = b9_scale.targets([rows], {})
+    assert found["of"] == "rows_100000000 largest job (verify) max_rss MiB"
+    assert (found["value"], found["measured"], found["met"]) == (3815, 3900, False)  # 4 GB = 3815 MiB
+    assert "plain ffcv not run" in b9_scale.case_note(rows)
+
+
 def test_assembled_entry_renders_and_draws_the_growth_curve(tmp_path):
     from bench.harness import report  # why: the renderer under test, after the benchmark's own functions
 

@@ -58,12 +58,35 @@ def folder(tmp_path: Path) -> Path:
     return root
 
 
-def test_the_scan_lists_in_the_order_os_walk_gave(folder: Path):
+@pytest.mark.parametrize("find", ["gnu find", "no find"])
+def test_the_scan_lists_in_the_order_os_walk_gave(folder: Path, find, monkeypatch):
+    image(folder / "loose.png")  # directly in root: not a sample
+    if find == "no find":
+        monkeypatch.setenv("PATH", "/nonexistent")
     listing = scan_folder("photos", folder, EXTENSIONS)
     assert listing.rels == walk_order(folder)
     assert listing.classes == ["a", "b", "c", "empty"]
     assert listing.labels.tolist() == [0, 0, 0, 0, 1, 1]
-    assert listing.sizes.tolist() == [os.path.getsize(folder / rel) for rel in listing.rels]
+    stats = [os.stat(folder / rel) for rel in listing.rels]
+    assert listing.sizes.tolist() == [stat.st_size for stat in stats]
+    assert listing.mtimes.tolist() == [stat.st_mtime_ns for stat in stats]  # exact: later jobs compare them
+    assert listing.inodes.tolist() == [stat.st_ino for stat in stats]
+
+
+def test_find_and_the_fallback_list_the_same_files(folder: Path, monkeypatch):
+    os.utime(folder / "a" / "x.png", ns=(1, 1))  # a time with nanoseconds below one
+    found = scan_folder("photos", folder, EXTENSIONS)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert scan_folder("photos", folder, EXTENSIONS).signature() == found.signature()
+
+
+@pytest.mark.parametrize("find", ["gnu find", "no find"])
+def test_a_broken_link_is_refused_naming_it(folder: Path, find, monkeypatch):
+    if find == "no find":
+        monkeypatch.setenv("PATH", "/nonexistent")
+    (folder / "b" / "gone.png").symlink_to(folder / "nowhere.png")
+    with pytest.raises(SourceError, match=f"image file {folder / 'b' / 'gone.png'} cannot be read"):
+        scan_folder("photos", folder, EXTENSIONS)
 
 
 def dag_signature(spec) -> str:

@@ -162,7 +162,8 @@ def test_a_webdataset_source_is_opened_from_its_shard_list(tmp_path, monkeypatch
     source = open_source(spec, tmp_path / "r")
     assert type(source) is WebDatasetSource and len(source) == 3
     assert source.shard_counts() == [3]
-    assert source.work_items(np.array([2, 0])) == [[(0, 2), (1, 0)]]
+    plan = source.work_items(np.array([2, 0]))  # a WorkPlan of numpy arrays, no list of tuples per sample
+    assert [(list(d), s.tolist()) for d, s in (plan.item(k) for k in range(plan.num_items))] == [([0, 1], [2, 0])]
 
 
 def test_kinds_without_shards_have_no_shard_counts_or_work_items(tmp_path):

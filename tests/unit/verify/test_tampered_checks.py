@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from report_checks import ALL_CHECKS
 
 from betonbuild._compat import ffcv_ctypes
 from betonbuild.beton.format import (
@@ -69,18 +70,6 @@ FIELDS = {
     "image": {"type": "rgb_image", "write_mode": "jpg"},
 }
 HANDLERS = {"title": FixedUTF8Field}
-ALL_CHECKS = [
-    "format_version",
-    "num_samples",
-    "fields",
-    "allocations",
-    "fixed_fields",
-    "variable_fields",
-    "custom_fields",
-    "image_decoder",
-    "loader_batch",
-    "same_ffcv_build",
-]
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from report_checks import ALL_CHECKS
 
 from betonbuild.beton.describe import page_usage
 from betonbuild.beton.digest import content_digest, range_digest
@@ -140,18 +141,7 @@ def test_full_report_of_every_field_kind_passes_with_its_statistics(project: Pat
     report = verify_beton(spec, source, rows, str(project / "m.beton"), ffcv_build(), threads=2)
     assert report["ok"], report["worst"]
     assert report["mode"] == "full" and report["threads"] == 2
-    assert [c["name"] for c in report["checks"]] == [
-        "format_version",
-        "num_samples",
-        "fields",
-        "allocations",
-        "fixed_fields",
-        "variable_fields",
-        "custom_fields",
-        "image_decoder",
-        "loader_batch",
-        "same_ffcv_build",
-    ]
+    assert [c["name"] for c in report["checks"]] == ALL_CHECKS
     assert check(report, "image_decoder")["fields"] == {"image": {"ffcv_imdecode": 40, "cv2_fallback": 0}}
     assert report["content_digest"] == content_digest(BetonFile(project / "m.beton", {"title": FixedUTF8Field}))
     assert report["range_digest"] == range_digest(BetonFile(project / "m.beton", {"title": FixedUTF8Field}), 0, 40)

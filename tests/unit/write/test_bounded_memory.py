@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,23 @@ def test_two_workers_write_every_sample_and_allocation_once(tmp_path: Path, monk
     assert np.array_equal(beton.metadata["y"], order * 3)
 
 
+def test_a_plan_by_group_is_the_plan_of_the_groups_lists():
+    """``by_group`` (webdataset's shards, from arrays) cuts the items the lists of pairs cut: one per
+    group, in the order the groups first appear, each in the order's order."""
+    rng = np.random.default_rng(5)
+    order = rng.permutation(5000).astype(np.int64)
+    shard_of = order // 37  # shards of 37 samples, visited in a shuffled order
+    lists: dict[int, list[tuple[int, int]]] = {}
+    for dest, (index, shard) in enumerate(zip(order.tolist(), shard_of.tolist())):
+        lists.setdefault(shard, []).append((dest, index))
+    plan, expected = WorkPlan.by_group(order, shard_of), WorkPlan.groups(list(lists.values()))
+    for column in ("sources", "bounds", "destinations"):
+        assert getattr(plan, column).dtype == np.int64
+        assert np.array_equal(getattr(plan, column), getattr(expected, column)), column
+    assert WorkPlan.groups(plan) is plan
+    assert WorkPlan.by_group(np.zeros(0, np.int64), np.zeros(0, np.int64)).num_items == 0
+
+
 def test_work_items_of_groups_become_two_int64_columns():
     plan = WorkPlan.groups([[(0, 7), (1, 8)], [], [(2, 3)]])
     assert plan.num_items == 3 and plan.num_samples == 3
@@ -154,3 +172,22 @@ def test_memory_per_extra_sample_is_what_the_format_needs(tmp_path: Path):
     worker = (peaks[600_000]["worker_kib"] - peaks[200_000]["worker_kib"]) * 1024 / extra
     assert parent < 100, f"parent grows by {parent:.0f} bytes a sample ({peaks})"
     assert worker < 100, f"a worker grows by {worker:.0f} bytes a sample ({peaks})"
+
+
+def test_the_plan_of_10000_shards_holds_no_python_object_per_sample():
+    """webdataset's work items at a million samples in 10,000 shards: numpy arrays (peak < 64 bytes a
+    sample; the list of (destination, index) tuples it replaces held about 130)."""
+    from betonbuild.sources.webdataset import WebDatasetSource  # why: only this test reads a webdataset source
+
+    class TenThousandShards:
+        offsets = np.arange(0, 1_000_001, 100)
+
+    rows = np.random.default_rng(1).permutation(1_000_000).astype(np.int64)
+    tracemalloc.start()
+    plan = WebDatasetSource.work_items(TenThousandShards(), rows)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert plan.num_items == 10_000 and plan.num_samples == 1_000_000
+    assert peak < 64 * 1_000_000
+    destinations, sources = plan.item(0)
+    assert (sources // 100 == sources[0] // 100).all() and np.array_equal(rows[destinations], sources)

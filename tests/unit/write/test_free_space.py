@@ -10,7 +10,7 @@ import pytest
 
 from betonbuild.config.load import load_config
 from betonbuild.errors import WriteError
-from betonbuild.workflow.stages import build, make_source_manifest
+from betonbuild.workflow.stages import _estimated_size, build, make_source_manifest
 from betonbuild.write.free_space import SKIP_VARIABLE, check_free_space, estimated_from_smoke
 
 
@@ -54,3 +54,19 @@ def test_a_full_write_that_would_fill_the_disk_stops_before_writing(tmp_path: Pa
     with pytest.raises(WriteError, match="d.beton will be about"):
         build(spec, str(results / "source.json"), str(results / "d.beton"), str(results / "d.write.json"))
     assert not (results / "d.beton").exists() and not list(results.glob(".d.beton.tmp-*"))
+
+
+def test_a_smoke_file_of_one_mostly_empty_page_does_not_scale_the_page(tmp_path: Path):
+    """Four samples of 64 bytes fill a sliver of an 8 MiB page: 20M rows like them are ~2 GB, not the
+    page size per four samples (tens of TiB: every large dataset was refused)."""
+    np.save(tmp_path / "x.npy", np.zeros((200, 16), dtype=np.float32))
+    source = {"kind": "arrays", "columns": {"x": str(tmp_path / "x.npy")}}
+    entry = {"source": source, "fields": {"x": {"type": "ndarray", "dtype": "float32", "shape": [16]}}}
+    spec = load_config({"datasets": {"d": {**entry, "smoke": {"samples": 4}}}}).datasets["d"]
+    make_source_manifest(spec, str(tmp_path / "source.json"))
+    build(
+        spec, str(tmp_path / "source.json"), str(tmp_path / "smoke.beton"), str(tmp_path / "s.write.json"), smoke=True
+    )
+    assert (tmp_path / "smoke.beton").stat().st_size >= 8 << 20
+    estimate = _estimated_size(tmp_path / "smoke.beton", 20_000_000)
+    assert 20_000_000 * (64 + 8 + 24) <= estimate <= 20_000_000 * (64 + 16 + 24) + (17 << 20)  # + 2 pages
