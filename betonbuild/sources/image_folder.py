@@ -149,6 +149,9 @@ class ImageFolderSource(Source):
                 raise SampleError(self.spec.name, self.spec.field_names[0], index, changed, "run snakemake again")
         return path
 
+    def sample_location(self, index: int) -> str | None:
+        return f"file {self.root / self.listing.rels[index]}"
+
     def sample_sizes(self) -> np.ndarray:
         return self.listing.sizes
 

@@ -196,6 +196,10 @@ class WebDatasetSource(Source):
         shard = int(np.searchsorted(self.offsets, index, side="right") - 1)
         return shard, int(index - self.offsets[shard])
 
+    def sample_location(self, index: int) -> str | None:
+        shard, local = self.location(index)
+        return f"shard {self.entries[shard]['path']}, sample {local}"
+
     def shard_counts(self) -> list[int]:
         return [int(e["samples"]) for e in self.entries]
 
