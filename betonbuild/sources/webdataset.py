@@ -281,7 +281,7 @@ class WebDatasetSource(Source):
 
     def _count_mismatch(self, shard: int, index: int, found: int) -> SampleError:
         path = self.entries[shard]["path"]
-        return SampleError(
+        error = SampleError(
             self.spec.name,
             None,
             index,
@@ -290,6 +290,8 @@ class WebDatasetSource(Source):
             "run snakemake again (the shard list is derived again when a shard changes)",
             location=f"shard {path}",
         )
+        error.skippable = False  # the shard changed: not a bad sample
+        return error
 
     def __getitem__(self, index: int):
         sample = self.raw(int(index))

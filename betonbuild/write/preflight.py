@@ -113,6 +113,8 @@ def _without_bad(spec: DatasetSpec, source, rows: np.ndarray) -> tuple[np.ndarra
         except SourceError:
             raise
         except SampleError as exc:
+            if not exc.skippable:
+                raise
             bad.append({"index": index, "field": exc.field, "message": exc.why})
     return np.array(good, dtype=np.int64), bad
 

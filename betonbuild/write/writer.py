@@ -183,7 +183,7 @@ class SkipBadSamples:
         if not isinstance(exc, Exception) or isinstance(exc, (OSError, SourceError, WriteError)):
             return None
         error = _explain(dataset, fields, exc)
-        if not isinstance(error, SampleError):
+        if not isinstance(error, SampleError) or not error.skippable:
             return None
         return skipped_from_error(error, dest, int(index), sample_location(dataset.source, int(index)))
 

@@ -73,6 +73,7 @@ def built(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     datasets = {
         "skipping": dataset(SKIPPED),
         "parted": dataset(SKIPPED, samples_per_partition=70),
+        "parts_over": dataset(SKIPPED, max_=2, samples_per_partition=70),  # 1 per part, 3 together
         "too_many": dataset(TOO_MANY, max_=2),
         "all_bad": dataset(range(N), max_=0.5),
         "failing": dataset(TOO_MANY[:1], policy=None),
@@ -130,6 +131,16 @@ def test_more_bad_samples_than_max_stop_with_the_list_and_no_beton(built):
     failure = json.loads((workdir / "results/too_many/failure/failure.json").read_text())
     assert [s["index"] for s in failure["skipped"]][:3] == TOO_MANY[:3]
     assert failure["index"] == TOO_MANY[0]
+
+
+def test_parts_each_within_max_but_over_it_together_are_not_merged(built):
+    workdir, result = built
+    assert not (workdir / "results/parts_over/parts_over.beton").exists()
+    for i in range(3):
+        part = json.loads((workdir / f"results/parts_over/parts/{i}.write.json").read_text())
+        assert part["skipped"]["count"] == 1 and part["skipped"]["limit"] == 2
+    assert "dataset 'parts_over'" in result.stderr
+    assert "3 bad samples in the merge write, more than bad_samples.max allows (2 of 200)" in result.stderr
 
 
 def test_every_sample_bad_stops_in_the_smoke_stage_not_with_an_empty_beton(built):

@@ -254,6 +254,31 @@ def test_an_image_folder_with_one_broken_jpeg_skips_it_and_names_the_file(tmp_pa
     assert report["num_samples"]["found"] == 7
 
 
+def test_an_image_changed_since_it_was_listed_is_not_skipped_but_fails(tmp_path, monkeypatch):
+    """A file edited during the build is not a bad sample: skipping it would drop a good image."""
+    from betonbuild.errors import SampleError
+    from betonbuild.workflow.stages import make_file_list
+
+    _image_folder_with_a_broken_jpeg(tmp_path / "photos")
+    (tmp_path / "photos" / "coffee" / "2.jpg").unlink()
+    monkeypatch.chdir(tmp_path)
+    entry = {
+        "source": {"kind": "image_folder", "root": "photos"},
+        "fields": {"image": {"type": "rgb_image", "write_mode": "raw"}, "label": {"type": "int"}},
+        "bad_samples": {"policy": "skip", "max": 3},
+    }
+    spec = load_config({"datasets": {"d": entry}}).datasets["d"]
+    with open("/dev/null", "w") as log:
+        make_file_list(spec, str(tmp_path / "files.npz"), log=log)
+    source = open_source(spec, tmp_path)
+    edited = tmp_path / "photos" / "astronaut" / "1.jpg"
+    edited.write_bytes(edited.read_bytes() + b"\0")
+    with pytest.raises(SampleError, match="run snakemake again") as caught:
+        write(tmp_path, spec, source, 1, limit=3)
+    assert not isinstance(caught.value, TooManyBadSamples)
+    assert not (tmp_path / "out.beton").exists()
+
+
 def test_a_webdataset_shard_with_a_broken_member_skips_that_sample(tmp_path, monkeypatch):
     pytest.importorskip("webdataset")
     from betonbuild.workflow.stages import make_shard_list
