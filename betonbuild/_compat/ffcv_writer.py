@@ -67,7 +67,8 @@ CHECKED = (
         "ends the write with its error at once, where plain ffcv spins forever; the work plan and the "
         "allocation table never exist as Python objects per sample (20M rows: ffcv's writer peaks at "
         "9.8 GB, ~490 bytes a sample); DatasetWriter.prepare's shared_memory.SharedMemory named by us, so a "
-        "killed write's block is reclaimed by the next",
+        "killed write's block is reclaimed by the next; under bad_samples: skip a bad sample's allocations are "
+        "taken back off MemoryAllocator.allocations and finalize leaves its metadata row out",
     ),
 )
 ALLOCATIONS_PER_FLUSH = 1 << 16  # records a worker gathers before moving them to its file (1.5 MiB)
