@@ -32,6 +32,10 @@ class SourceError(BetonbuildError):
 class SampleError(BetonbuildError):
     """One value of one sample breaks the field's contract. Names dataset, field and source index."""
 
+    # False where the sample is not bad but the source changed under the build (a file edited since
+    # it was listed, a shard with another count): ``bad_samples: skip`` must not leave it out.
+    skippable = True
+
     def __init__(
         self, dataset: str, field: str | None, index: int | None, why: str, fix: str = "", location: str | None = None
     ):

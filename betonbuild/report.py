@@ -131,13 +131,22 @@ def summary_html(spec: DatasetSpec, report_path: str, record_path: str, benchmar
             label = stage if stem == spec.name else f"{stage} {stem.removeprefix(spec.name + '.')}"
             timings.append([label, values.get("s"), values.get("max_rss")])
     status = "verified OK" if report["ok"] else f"FAILED: {report.get('worst')}"
+    skipped = report.get("skipped")  # bad_samples: {policy: skip}
+    skip_line = (
+        f"<p>{skipped['count']} bad sample(s) skipped of {skipped['of']} (at most {skipped['limit']} allowed), "
+        f"by field: {esc(json.dumps(skipped['by_field']))}; listed in results/{esc(spec.name)}/skipped.json. "
+        + "".join(f"<br>index {s['index']}: {esc(s['message'])}" for s in skipped["samples"][:5])
+        + "</p>"
+        if skipped
+        else ""
+    )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{esc(spec.name)}</title>
 <style>body{{font-family:sans-serif}} table{{border-collapse:collapse;margin:0.5em 0}}
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left;font-size:13px}}</style></head><body>
 <h2>{esc(spec.name)}: {esc(status)}</h2>
 <p>{report["num_samples"]["found"]} samples, {report["file"]["bytes"]:,} bytes, sha256 {esc(report["file"]["sha256"])},
 written by {record.get("num_workers")} worker(s) in {record.get("seconds")} s;
-content digest sha256 {esc(str(report.get("content_digest")))}.</p>
+content digest sha256 {esc(str(report.get("content_digest")))}.</p>{skip_line}
 <h3>Fields (in file order)</h3>{table(["name", "type", "arguments"], [r + [] for r in fields])}
 <p>ffcv type ids: {esc(json.dumps(type_ids))}</p>
 <h3>Verification checks</h3>{table(["outcome", "check", "detail"], checks)}

@@ -24,6 +24,12 @@ a write killed with SIGKILL together with its resource tracker (a kill of the pr
 leaves it in /dev/shm for good. Here the block is named ``betonbuild-shm-<pid>-<random>``, and the
 next write unlinks the blocks so named whose process no longer exists: only betonbuild's, never a
 live one, never another program's.
+
+Under ``bad_samples: {policy: skip}`` (``skips`` given) a worker that meets a bad sample takes its
+allocation records back, reports it on a queue and goes on; ``finalize`` leaves the skipped rows
+out of the metadata it copies, renumbers the allocation table's sample ids as it copies it and
+lowers ``num_samples`` (the reasons are in ``betonbuild.write.skips``). Nothing skipped: ffcv's
+layout, byte for byte.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import numpy as np
 from betonbuild._compat import Checked
 from betonbuild.atomic import _alive
 from betonbuild.errors import WriteError
+from betonbuild.write.skips import kept_blocks, renumber
 from betonbuild.write.workplan import WorkPlan
 
 CHECKED = (
@@ -60,7 +67,8 @@ CHECKED = (
         "ends the write with its error at once, where plain ffcv spins forever; the work plan and the "
         "allocation table never exist as Python objects per sample (20M rows: ffcv's writer peaks at "
         "9.8 GB, ~490 bytes a sample); DatasetWriter.prepare's shared_memory.SharedMemory named by us, so a "
-        "killed write's block is reclaimed by the next",
+        "killed write's block is reclaimed by the next; under bad_samples: skip a bad sample's allocations are "
+        "taken back off MemoryAllocator.allocations and finalize leaves its metadata row out",
     ),
 )
 ALLOCATIONS_PER_FLUSH = 1 << 16  # records a worker gathers before moving them to its file (1.5 MiB)
@@ -123,6 +131,7 @@ def _worker_job(
     allocator,
     done_number,
     allocation_fd: int,
+    skips=None,
 ) -> None:
     """ffcv's worker_job_indexed_dataset, except that work items come from ``plan`` by number, the
     allocation records go to ``allocation_fd`` as they gather, and a failure is reported at once (as
@@ -131,6 +140,9 @@ def _worker_job(
     ffcv runs its loop inside ``with allocator:``, whose exit flushes the page, and flushing waits for
     the other workers' earlier pages: a failing worker could wait there a long time before anyone
     learned of its error. A failed write is discarded anyway, so nothing is flushed after a failure.
+
+    ``skips`` (a ``betonbuild.write.writer.SkipBadSamples`` and its queue): a sample whose failure
+    it describes as a sample's fault is left out and reported there instead.
     """
     from ffcv.writer import handle_sample
 
@@ -144,7 +156,10 @@ def _worker_job(
         while (item := _take(next_item)) < plan.num_items:
             destinations, sources = plan.item(item)
             for dest_ix, source_ix in zip(destinations, sources):
-                handle_sample(dataset[source_ix], int(dest_ix), field_names, metadata, allocator, fields)
+                if skips is None:
+                    handle_sample(dataset[source_ix], int(dest_ix), field_names, metadata, allocator, fields)
+                elif _handle_or_skip(dataset, source_ix, int(dest_ix), field_names, metadata, allocator, fields, skips):
+                    _stop_after_skips(skips[1])
                 if len(allocator.allocations) >= ALLOCATIONS_PER_FLUSH:
                     _move_allocations(allocator, allocation_fd)
                 with done_number.get_lock():  # per sample: a work item may be a whole shard
@@ -156,6 +171,35 @@ def _worker_job(
         error_queue.close()
         error_queue.join_thread()
         os._exit(1)
+
+
+def _handle_or_skip(dataset, source_ix, dest_ix, field_names, metadata, allocator, fields, skips) -> bool:
+    """ffcv's ``handle_sample``, except that a bad sample is reported on ``skips``' queue and left out:
+    its allocation records (all still at the list's tail: records move to the file only between
+    samples) are taken back, as ffcv's own retry on a fresh page does. True: the write is over its
+    limit of bad samples and stops."""
+    from ffcv.writer import handle_sample
+
+    policy, skip_queue = skips
+    try:
+        handle_sample(dataset[source_ix], dest_ix, field_names, metadata, allocator, fields)
+    except BaseException as exc:  # noqa: BLE001 - the policy says which failures are the sample's
+        skipped = policy.describe(dataset, fields, exc, dest_ix, source_ix)
+        if skipped is None:
+            raise
+        while allocator.allocations and allocator.allocations[-1][0] == dest_ix:
+            allocator.allocations.pop()
+        skip_queue.put(skipped)
+        return policy.over_limit()
+    return False
+
+
+def _stop_after_skips(skip_queue: Queue) -> None:
+    """Ends a worker whose skip went over the limit: its records reach the parent, which stops the
+    write (nothing is flushed: the write is discarded)."""
+    skip_queue.close()
+    skip_queue.join_thread()
+    os._exit(0)
 
 
 def _take(counter) -> int:
@@ -191,10 +235,13 @@ def safe_writer_class():
     class SafeDatasetWriter(DatasetWriter):
         """DatasetWriter whose parent loop watches for worker failures instead of spinning forever."""
 
-        def __init__(self, *args, progress, describe_failure, **kwargs):
+        def __init__(self, *args, progress, describe_failure, skip_policy=None, **kwargs):
             super().__init__(*args, **kwargs)
             self.progress = progress
             self.describe_failure = describe_failure
+            self.skip_policy = skip_policy  # None: a bad sample fails the write (ffcv's path exactly)
+            self.skipped: list = []
+            self.skip_queue: Queue | None = None
             self.metadata_sm = None
             self.error_queue: Queue = Queue()
 
@@ -209,6 +256,11 @@ def safe_writer_class():
             self.num_samples = plan.num_samples
             self.prepare()
             self.queues = [self.error_queue]
+            skips = None
+            if self.skip_policy is not None:
+                self.skip_queue = Queue()
+                self.queues.append(self.skip_queue)
+                skips = (self.skip_policy, self.skip_queue)
             directory = os.path.dirname(os.path.abspath(self.fname))
             # unlinked at once: nothing is left behind, whatever ends this process
             self.allocation_logs = [tempfile.TemporaryFile(dir=directory) for _ in range(self.num_workers)]
@@ -219,7 +271,7 @@ def safe_writer_class():
             self.processes = [
                 Process(
                     target=_worker_job,
-                    args=(dataset, plan, next_item, *shared, allocator, done_number, log.fileno()),
+                    args=(dataset, plan, next_item, *shared, allocator, done_number, log.fileno(), skips),
                     daemon=True,
                 )
                 for log in self.allocation_logs
@@ -233,12 +285,14 @@ def safe_writer_class():
         def _wait_for_workers(self, done_number) -> None:
             while True:
                 self._raise_worker_failure()
+                self._collect_skips()
                 done = done_number.value
                 self.progress.update(done)
                 if done == self.num_samples:
                     break
                 if all(p.exitcode is not None for p in self.processes):
                     self._raise_worker_failure(wait=ERROR_GRACE_SECONDS)
+                    self._collect_skips(wait=ERROR_GRACE_SECONDS)  # a worker over the limit of bad samples
                     raise WriteError(f"all writer workers exited after {done} of {self.num_samples} samples")
                 time.sleep(0.05)
             self.progress.close()
@@ -247,11 +301,25 @@ def safe_writer_class():
             """Waits for every worker to flush its last page and allocation records and exit."""
             while any(p.exitcode is None for p in self.processes):
                 self._raise_worker_failure()
+                self._collect_skips()
                 time.sleep(0.01)
             self._raise_worker_failure()
+            self._collect_skips(wait=0.01)
+
+        def _collect_skips(self, wait: float = 0.0) -> None:
+            """Gathers the workers' skipped samples; the policy stops the write beyond its limit."""
+            if self.skip_queue is None:
+                return
+            new = self._drain(self.skip_queue, wait)
+            if new:
+                self.skipped.extend(new)
+                self.skip_policy.check(self.skipped)
 
         def finalize(self, allocation_logs) -> None:
             """ffcv's finalize, with the allocation table copied from the workers' files."""
+            if self.skipped:
+                self._finalize_without_skipped(allocation_logs)
+                return
             with open(self.fname, "r+b") as fp:
                 fp.seek(self.metadata_start)
                 fp.write(self.metadata_sm.buf)
@@ -259,6 +327,27 @@ def safe_writer_class():
                 for log in allocation_logs:
                     log.seek(0)
                     shutil.copyfileobj(log, fp, 1 << 20)
+                self.header["alloc_table_ptr"] = allocation_table_location
+                fp.seek(0)
+                fp.write(self.header.tobytes())
+
+        def _finalize_without_skipped(self, allocation_logs) -> None:
+            """finalize for a write with skipped samples: their metadata rows left out, the
+            allocation table's sample ids renumbered (streamed in blocks), ``num_samples`` lowered."""
+            from ffcv.types import ALLOC_TABLE_TYPE
+
+            positions = np.array(sorted(s.position for s in self.skipped), dtype=np.int64)
+            row, block = self.metadata_type.itemsize, ALLOC_TABLE_TYPE.itemsize * ALLOCATIONS_PER_FLUSH
+            with memoryview(self.metadata_sm.buf) as metadata, open(self.fname, "r+b") as fp:
+                fp.seek(self.metadata_start)
+                for start, stop in kept_blocks(self.num_samples, positions):
+                    fp.write(metadata[start * row : stop * row])
+                allocation_table_location = fp.seek(0, os.SEEK_END)  # no data pages: right after the rows
+                for log in allocation_logs:
+                    log.seek(0)
+                    while chunk := log.read(block):
+                        fp.write(renumber(np.frombuffer(chunk, dtype=ALLOC_TABLE_TYPE), positions).tobytes())
+                self.header["num_samples"] = self.num_samples - len(positions)
                 self.header["alloc_table_ptr"] = allocation_table_location
                 fp.seek(0)
                 fp.write(self.header.tobytes())
@@ -283,12 +372,16 @@ def safe_writer_class():
                 )
 
         def _drain_errors(self, wait: float) -> list[WorkerFailure]:
-            failures, deadline = [], time.monotonic() + wait
+            return self._drain(self.error_queue, wait)
+
+        @staticmethod
+        def _drain(source: Queue, wait: float) -> list:
+            items, deadline = [], time.monotonic() + wait
             while True:
                 try:
-                    failures.append(self.error_queue.get(timeout=max(0.0, deadline - time.monotonic()) or 0.001))
+                    items.append(source.get(timeout=max(0.0, deadline - time.monotonic()) or 0.001))
                 except queue.Empty:
-                    return failures
+                    return items
 
         def shutdown(self) -> None:
             """Ends every worker and releases the shared memory, whatever state the write is in."""

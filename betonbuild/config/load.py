@@ -20,6 +20,7 @@ from betonbuild.config.spec import (
     MAX_PAGE_SIZE,
     MIN_PAGE_SIZE,
     RANGE_PATTERN,
+    BadSamplesSpec,
     Config,
     DatasetSpec,
     FieldSpec,
@@ -170,9 +171,20 @@ def _dataset_spec(name: str, entry: dict[str, Any]) -> DatasetSpec:
             "full_max_samples": int(entry["verify"]["full_max_samples"]),
         },
         partitions=PartitionSpec(entry["partitions"], entry["samples_per_partition"], bool(entry["keep_parts"])),
+        bad_samples=_bad_samples_spec(f"{where}.bad_samples", entry["bad_samples"]),
     )
     SOURCE_KINDS[spec.source["kind"]].check_spec(spec)
     return spec
+
+
+def _bad_samples_spec(where: str, entry: dict[str, Any]) -> BadSamplesSpec:
+    limit = entry["max"]
+    if limit >= 1 and limit != int(limit):
+        raise ConfigError(
+            f"{where}.max",
+            f"{limit!r} is neither a count (a whole number) nor a fraction (below 1); e.g. 12 or 0.001",
+        )
+    return BadSamplesSpec(policy=entry["policy"], max=int(limit) if limit >= 1 else float(limit))
 
 
 def _check_field_names(where: str, names: list[str]) -> None:

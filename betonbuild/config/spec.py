@@ -6,6 +6,7 @@ Also the two decisions every stage derives from a spec alone: the final sample o
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -60,6 +61,36 @@ class PartitionSpec:
 
 
 @dataclass(frozen=True)
+class BadSamplesSpec:
+    """``bad_samples``: fail at the first bad sample, or skip up to ``max`` of them (a count, or a
+    fraction of the samples when below 1)."""
+
+    policy: str = "fail"
+    max: float = 0.001
+
+    @property
+    def skip(self) -> bool:
+        return self.policy == "skip"
+
+    def limit(self, total: int) -> int:
+        """How many of ``total`` samples may be skipped (0 under ``fail``)."""
+        if not self.skip:
+            return 0
+        return int(self.max) if self.max >= 1 else math.floor(self.max * total + 1e-9)
+
+    def smoke_limit(self, smoke: int, total: int) -> int:
+        """The smoke stage's own limit: at most the full write's share of its ``smoke`` samples,
+        rounded up, and never all of them (a source bad throughout must not pass the gate)."""
+        allowed = self.limit(total)
+        if not allowed:
+            return 0
+        return min(smoke - 1, math.ceil(smoke * allowed / max(total, 1)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "max": self.max}
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     name: str
     source: dict[str, Any]
@@ -69,6 +100,7 @@ class DatasetSpec:
     smoke_samples: int
     verify: dict[str, Any]
     partitions: PartitionSpec = PartitionSpec(None, None, True)
+    bad_samples: BadSamplesSpec = BadSamplesSpec()
 
     @property
     def field_names(self) -> list[str]:
@@ -94,6 +126,8 @@ class DatasetSpec:
             "keep_parts": self.partitions.keep_parts,
             "smoke": {"samples": self.smoke_samples},
             "verify": self.verify,
+            # only when not the default: a `fail` dataset's rule params (and so its jobs) stay as they were
+            **({"bad_samples": self.bad_samples.to_dict()} if self.bad_samples.skip else {}),
         }
 
 

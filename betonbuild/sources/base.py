@@ -127,6 +127,10 @@ class Source:
         """The image of sample ``index`` as it is encoded in the source, if it is kept encoded."""
         return None
 
+    def sample_location(self, index: int) -> str | None:
+        """Where sample ``index`` lives (its file, its shard member), for a skipped sample's record."""
+        return None
+
     def shard_counts(self) -> list[int] | None:
         """Samples per shard, for a source whose parts are groups of whole shards."""
         return None

@@ -150,8 +150,13 @@ class ImageFolderSource(Source):
                 ) from None
             changed = self.listing.changed_since_listed(index, stat)
             if changed:
-                raise SampleError(self.spec.name, self.spec.field_names[0], index, changed, "run snakemake again")
+                error = SampleError(self.spec.name, self.spec.field_names[0], index, changed, "run snakemake again")
+                error.skippable = False  # a changed file, not a bad one
+                raise error
         return path
+
+    def sample_location(self, index: int) -> str | None:
+        return f"file {self.root / self.listing.rels[index]}"
 
     def sample_sizes(self) -> np.ndarray:
         return self.listing.sizes

@@ -197,6 +197,10 @@ class WebDatasetSource(Source):
         shard = int(np.searchsorted(self.offsets, index, side="right") - 1)
         return shard, int(index - self.offsets[shard])
 
+    def sample_location(self, index: int) -> str | None:
+        shard, local = self.location(index)
+        return f"shard {self.entries[shard]['path']}, sample {local}"
+
     def shard_counts(self) -> list[int]:
         return [int(e["samples"]) for e in self.entries]
 
@@ -277,7 +281,7 @@ class WebDatasetSource(Source):
 
     def _count_mismatch(self, shard: int, index: int, found: int) -> SampleError:
         path = self.entries[shard]["path"]
-        return SampleError(
+        error = SampleError(
             self.spec.name,
             None,
             index,
@@ -286,6 +290,8 @@ class WebDatasetSource(Source):
             "run snakemake again (the shard list is derived again when a shard changes)",
             location=f"shard {path}",
         )
+        error.skippable = False  # the shard changed: not a bad sample
+        return error
 
     def __getitem__(self, index: int):
         sample = self.raw(int(index))

@@ -5,7 +5,10 @@ EVERY sample (vectorised over a memmap of the file), the variable-size and custo
 sample (``mode: full``) or of a seeded sample of them (``mode: sample``), which decoder decoded the
 stored JPEGs, one batch through the real ``ffcv.Loader``, and the writer's vs the reader's ffcv
 build. Every check can fail. The content digest is a value of the report (``content_digest``), not a
-check: it appears in ``checks`` only when it could not be computed. The content comparisons
+check: it appears in ``checks`` only when it could not be computed; it covers what the file holds.
+Samples the write skipped (``bad_samples: {policy: skip}``, listed in its record) are left out of
+the rows the file is compared with, exactly those: a recorded one that is present, or a missing
+one that is not recorded, fails ``num_samples`` or the content checks. The content comparisons
 (``betonbuild.verify.content``) run on a thread pool over chunks of file positions (cv2, numpy and
 hashlib release the GIL).
 """
@@ -31,6 +34,7 @@ from betonbuild.verify.content import Context, fixed_result, run_content, variab
 from betonbuild.verify.images import decoder_result, load_decoders
 from betonbuild.verify.loader import LoaderProcess, check_loader_batch, import_ffcv, start_loader_process
 from betonbuild.verify.structure import allowed_empty, check_fields, check_format_version, check_structure
+from betonbuild.write.skips import SkippedSample, summary
 
 
 class Report:
@@ -77,8 +81,11 @@ def verify_beton(
     threads: int = 1,
     parts: list[dict] | None = None,
     loader: LoaderProcess | None = None,
+    skipped: list[SkippedSample] | None = None,
+    skip_limit: int | None = None,
 ) -> dict[str, Any]:
-    """``indices[i]`` is the source index that sample i of ``path`` must hold.
+    """``indices[i]`` is the source index that sample i of ``path`` must hold, but for the positions
+    ``skipped`` lists (the write record's skipped samples): the file holds the others, in order.
 
     ``every_variable_sample`` (the smoke gate, a part) forces full mode. ``threads`` is the pool size.
     ``parts`` (a merged file): ``{index, start, stop, range_digest}`` of part files that were each
@@ -89,10 +96,13 @@ def verify_beton(
     """
     started = time.monotonic()
     threads = max(1, int(threads or 1))
+    report = Report()
+    planned = len(indices)
+    if skipped is not None:
+        indices = _without_skipped(indices, skipped, skip_limit, report)
     mode = resolve_mode(spec, len(indices), every_variable_sample)
     if parts and spec.verify.get("mode", "auto") == "auto":
         mode = "sample"
-    report = Report()
     reader_build = ffcv_build()
     result: dict[str, Any] = {
         "dataset": spec.name,
@@ -108,6 +118,9 @@ def verify_beton(
         "provenance": {"writer": writer_build, "reader": reader_build},
         "config": spec.to_dict(),
     }
+    if skipped is not None:
+        result["num_samples"]["planned"] = planned
+        result["skipped"] = summary(sorted(skipped, key=lambda s: s.position), skip_limit or 0, planned)
     loader = loader or start_loader_process(spec, threads)
     with ThreadPoolExecutor(threads) as pool:
         file_hash = pool.submit(sha256_file, path)
@@ -193,6 +206,35 @@ def _verify_file(
         )
     else:
         report.run("loader_batch", loader.result)
+
+
+def _without_skipped(
+    indices: np.ndarray, skipped: list[SkippedSample], limit: int | None, report: Report
+) -> np.ndarray:
+    """The rows the file must hold: ``indices`` minus the recorded skipped positions (check
+    ``skipped_samples``: each names a planned row and its source index, once, within the limit)."""
+    positions = np.array([s.position for s in skipped], dtype=np.int64)
+    named = np.array([s.index for s in skipped], dtype=np.int64)
+    inside = (positions >= 0) & (positions < len(indices))
+    problems = []
+    if not inside.all():
+        problems.append(f"positions {positions[~inside][:5].tolist()} are not rows of this write")
+    elif (indices[positions] != named).any():
+        wrong = np.flatnonzero(indices[positions] != named)[:5]
+        problems.append(f"rows {positions[wrong].tolist()} hold other source indices than the record names")
+    if len(np.unique(positions)) != len(positions):
+        problems.append("a position is recorded twice")
+    if limit is not None and len(skipped) > limit:
+        problems.append(f"{len(skipped)} recorded, more than bad_samples.max allows ({limit})")
+    report.check(
+        "skipped_samples",
+        not problems,
+        "; ".join(problems)
+        if problems
+        else f"{len(skipped)} of {len(indices)} planned samples skipped as recorded; the rest is compared",
+        count=len(skipped),
+    )
+    return np.delete(indices, positions[inside]) if not problems else indices
 
 
 def check_build(spec: DatasetSpec, writer_build: dict | None, reader_build: dict, report: Report) -> None:

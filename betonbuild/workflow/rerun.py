@@ -19,7 +19,8 @@ CONTENT_KEYS = ("name", "source", "fields", "sample_keys", "writer")
 
 def _spec_parts(spec: DatasetSpec, *parts: str) -> dict[str, Any]:
     full = spec.to_dict()
-    return {key: full[key] for key in CONTENT_KEYS + parts}
+    # bad_samples is in the dict only when not the default (skip): what to write depends on it
+    return {key: full[key] for key in CONTENT_KEYS + ("bad_samples",) + parts if key in full}
 
 
 def write_spec(spec: DatasetSpec) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from betonbuild.sources.folder_listing import write_listing
 from betonbuild.sources.image_folder import ImageFolderSource
 from betonbuild.sources.shards import shard_list
 from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
-from betonbuild.workflow import onepass
+from betonbuild.workflow import onepass, skipped
 from betonbuild.workflow.partitions import (
     partition_bounds,
     parts_digest,
@@ -169,7 +169,8 @@ def build(
 
     The smoke stage first surveys its samples and the largest ones (``survey_path``, inspect.json) and
     reads a few twice (``write.determinism``). A bad sample is saved under ``results/{ds}/failure/``
-    for ``betonbuild repro``.
+    for ``betonbuild repro``; under ``bad_samples: {policy: skip}`` it is left out instead, up to the
+    limit (``workflow.skipped``).
     """
     if source_class(spec).one_pass and not smoke:  # an iterable: written in one pass, into parts
         return onepass.write_stream(spec, manifest_path, beton_path, record_path, threads, log)
@@ -180,13 +181,17 @@ def build(
     # results/{ds}/failure/ (a part's file is in results/{ds}/parts/)
     failure_dir = Path(beton_path).parents[0 if part is None else 1] / "failure"
     stage = "smoke" if smoke else "full" if part is None else f"part {part}"
+    with open(manifest_path) as fh:
+        skip = skipped.write_limit(spec, len(rows), json.load(fh)["num_samples"], stage)
     try:
         if survey_path:
             order = rows_to_write(spec, source, manifest_path, smoke=False)
-            write_json(survey_path, survey_samples(spec, source, np.concatenate(smoke_rows(spec, source, order))))
+            survey = survey_samples(spec, source, np.concatenate(smoke_rows(spec, source, order)))
+            write_json(survey_path, survey)
             # Only the user's code can draw values when it is created: other kinds are not opened twice
             user_code = bool(source_class(spec).adapter_references(spec))
-            check_deterministic(spec, source, rows, (lambda: open_source(spec, dataset_dir)) if user_code else None)
+            good = np.setdiff1d(rows, [b["index"] for b in survey.get("bad_samples", [])])  # read twice: good ones
+            check_deterministic(spec, source, good, (lambda: open_source(spec, dataset_dir)) if user_code else None)
         if not smoke and part is None:
             check_free_space(spec.name, beton_path, _estimated_size(dataset_dir / "smoke.beton", len(rows)))
         # The smoke file and the parts are written by one worker: byte-identical across runs
@@ -201,6 +206,7 @@ def build(
             label=f"{spec.name} ({stage})",
             log=log,
             work_items=source.work_items(rows),  # shards: each opened and read once, by one worker
+            skip=skip,
         )
     except SourceNotDeterministic:
         raise  # every read passes the contract: there is no failing sample to save and replay
@@ -210,6 +216,10 @@ def build(
         raise
     if part is None:  # a partitioned dataset's failure is cleared by its merge, when every part is written
         clear_failure(failure_dir)
+    if skip is not None and not smoke:
+        skipped.keep_for_repro(spec, source, failure_dir.parent, skipped.from_record(record), stage, rows)
+    if not smoke and part is None:
+        skipped.publish(spec, failure_dir.parent, record, len(rows))
     record.update(dataset=spec.name, stage=stage, rows_sha256=rows_digest(rows), provenance=ffcv_build())
     if part is not None:
         with open(manifest_path) as fh:
@@ -268,8 +278,9 @@ def merge_parts(
     if len(builds) != 1:
         raise MergeError(f"dataset '{spec.name}': the parts were written by different ffcv builds: {sorted(builds)}")
     check_free_space(spec.name, beton_path, sum(os.path.getsize(path) for path in part_paths))
-    merged = merge_betons(part_paths, beton_path, custom_handlers=custom_handlers(spec))
     order = resolve_indices(spec.writer, manifest["length"], spec.name)
+    skips = skipped.combined(spec, records, planned, len(order))  # before the merge: none beyond the limit
+    merged = merge_betons(part_paths, beton_path, custom_handlers=custom_handlers(spec))
     record = {
         "dataset": spec.name,
         "stage": "full",
@@ -282,11 +293,13 @@ def merge_parts(
         "provenance": records[0]["provenance"],
         "partitions": [{k: r.get(k) for k in ("part", "num_samples", "seconds", "fingerprint")} for r in records],
         "merge": {k: v for k, v in merged.items() if k != "parts"},
+        **({"skipped": skips} if skips is not None else {}),
     }
     if record["rows_sha256"] != manifest["order_sha256"]:
         raise MergeError(f"dataset '{spec.name}': the sample order differs from the one recorded in {manifest_path}")
     write_json(record_path, record)
     clear_failure(Path(beton_path).parent / "failure")
+    skipped.publish(spec, Path(beton_path).parent, record, len(order))
     print(
         f"{spec.name}: merged {merged['num_parts']} parts, {merged['num_samples']} samples, "
         f"{merged['size'] / 2**20:,.1f} MiB ({merged['method']}) in {merged['seconds']:.2f} s",
@@ -344,6 +357,7 @@ def verify_dataset(
             threads=threads or 1,
             parts=parts,
             loader=loader,
+            **_skipped_rows(record),
         )
     finally:
         if loader is not None:
@@ -374,9 +388,16 @@ def verify_dataset(
     return report
 
 
+def _skipped_rows(record: dict[str, Any]) -> dict[str, Any]:
+    """verify_beton's ``skipped``/``skip_limit`` from a write record written under ``skip``."""
+    if "skipped" not in record:
+        return {}
+    return {"skipped": skipped.from_record(record), "skip_limit": record["skipped"]["limit"]}
+
+
 def _verified_parts(spec: DatasetSpec, manifest: dict[str, Any], part_reports: list[str]) -> list[dict[str, Any]]:
     """The parts' verified content, each checked to be of the partition the manifest now plans."""
-    parts = []
+    parts, removed = [], 0  # rows of the merged file move up by the samples earlier parts skipped
     for planned, path in zip(manifest["partitions"], part_reports, strict=True):
         with open(path) as fh:
             verified = json.load(fh)
@@ -389,12 +410,14 @@ def _verified_parts(spec: DatasetSpec, manifest: dict[str, Any], part_reports: l
                 f"dataset '{spec.name}': {path} is not a passing report of the part the "
                 "manifest now plans; rerun snakemake"
             )
+        skips = verified.get("skipped", {}).get("count", 0)
         parts.append(
             {
                 "index": planned["index"],
-                "start": planned["start"],
-                "stop": planned["stop"],
+                "start": planned["start"] - removed,
+                "stop": planned["stop"] - removed - skips,
                 "range_digest": verified["part"]["range_digest"],
             }
         )
+        removed += skips
     return parts

@@ -82,6 +82,8 @@ def _write_record(staging: Path, directory: Path, spec: DatasetSpec, source, err
         "spec": spec.to_dict(),
         "sample_file": None,
     }
+    if getattr(error, "skipped", None):  # TooManyBadSamples: every bad sample found before the write stopped
+        record["skipped"] = [s.to_dict() for s in error.skipped]
     if getattr(source, "needs_shard_list", False):  # keep the shard list, so the replay finds the same sample
         write_json(staging / "shards.json", {"dataset": spec.name, "shards": source.entries})
         record["dataset_dir"] = str(directory.resolve())

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from betonbuild.config.spec import LARGEST_SAMPLES, DatasetSpec
+from betonbuild.errors import SampleError, SourceError
 from betonbuild.fields import build_fields
 from betonbuild.write.contract import sample_to_tuple
 from betonbuild.write.writer import CheckedDataset, measure_allocations, page_fit_error
@@ -36,7 +37,15 @@ def largest_rows(source, order: np.ndarray, k: int = LARGEST_SAMPLES) -> np.ndar
 
 
 def survey_samples(spec: DatasetSpec, source, rows: np.ndarray) -> dict[str, Any]:
-    """Checks and measures every given sample; raises the first SampleError (smallest index first)."""
+    """Checks and measures every given sample; raises the first SampleError (smallest index first).
+
+    Under ``bad_samples: {policy: skip}`` a bad sample is listed (``bad_samples``) instead, and the
+    smoke write that follows applies the limit to its own samples."""
+    bad: list[dict[str, Any]] = []
+    if spec.bad_samples.skip:
+        rows, bad = _without_bad(spec, source, rows)
+    if not len(rows):
+        return {"dataset": spec.name, "samples_inspected": 0, "bad_samples": bad, "fields": {}, "largest_sample": None}
     fields = build_fields(spec)
     checked = CheckedDataset(spec, source)
     per_field: dict[str, dict[str, Any]] = {f.name: defaultdict(set) for f in spec.fields}
@@ -81,6 +90,7 @@ def survey_samples(spec: DatasetSpec, source, rows: np.ndarray) -> dict[str, Any
     return {
         "dataset": spec.name,
         "samples_inspected": len(set(int(i) for i in rows)),
+        **({"bad_samples": bad} if spec.bad_samples.skip else {}),
         "fields": summary,
         "largest_sample": {
             "index": largest_index,
@@ -89,6 +99,24 @@ def survey_samples(spec: DatasetSpec, source, rows: np.ndarray) -> dict[str, Any
             "fraction_of_page": round(largest_total / spec.writer.page_size, 6),
         },
     }
+
+
+def _without_bad(spec: DatasetSpec, source, rows: np.ndarray) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """``rows`` without the samples that fail their read or contract, and those samples' records."""
+    checked, fields, good, bad = CheckedDataset(spec, source), build_fields(spec), [], []
+    for index in sorted(set(int(i) for i in rows)):
+        try:
+            values = checked[index]
+            if sum(measure_allocations(fields, values).values()) > spec.writer.page_size:
+                raise page_fit_error(spec, fields, values, index)
+            good.append(index)
+        except SourceError:
+            raise
+        except SampleError as exc:
+            if not exc.skippable:
+                raise
+            bad.append({"index": index, "field": exc.field, "message": exc.why})
+    return np.array(good, dtype=np.int64), bad
 
 
 def _json_encodable(value: Any) -> bool:

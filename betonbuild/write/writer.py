@@ -5,6 +5,11 @@ worker reports its exception on a queue and exits; the parent watches that queue
 exit codes (``betonbuild._compat.ffcv_writer``, the override of ffcv's internals), and on any
 failure (or SIGTERM/SIGINT) terminates the workers, releases the shared memory and removes the
 temp file. The file reaches its target path only after a complete write.
+
+Under ``bad_samples: {policy: skip}`` (``write_beton(skip=SkipLimit(...))``), a failure that is the
+sample's own (``SkipBadSamples.describe``: its read, decode, contract check or encode; never an I/O
+error of the write itself or a whole-source error) leaves that sample out instead
+(``betonbuild.write.skips`` explains how), up to the limit.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from betonbuild.errors import SampleError, SourceError, WriteError
 from betonbuild.fields import build_fields
 from betonbuild.write.contract import check_sample
 from betonbuild.write.progress import Progress
+from betonbuild.write.skips import SkipLimit, SkippedSample, record_entry, sample_location, skipped_from_error
 from betonbuild.write.workplan import WorkPlan
 
 
@@ -152,6 +158,39 @@ def _explain(dataset: CheckedDataset, fields: dict, exc: BaseException) -> BaseE
     )
 
 
+class SkipBadSamples:
+    """The skip policy a writer worker asks about each failure (inherited through fork)."""
+
+    def __init__(self, limit: SkipLimit):
+        import ctypes
+        from multiprocessing import Value
+
+        self.limit = limit
+        self.count = Value(ctypes.c_int64, 0)  # shared by the workers: the first beyond the limit stops
+
+    def over_limit(self) -> bool:
+        """Counts one more skipped sample (in a worker); True when the write must stop."""
+        with self.count.get_lock():
+            self.count.value += 1
+            count = self.count.value
+        return count > self.limit.limit or count >= self.limit.total
+
+    def describe(
+        self, dataset: CheckedDataset, fields: dict, exc: BaseException, dest: int, index
+    ) -> SkippedSample | None:
+        """The record of a sample left out, or None when ``exc`` is not the sample's fault (the write
+        then fails as under ``fail``). Called while ``exc`` is being handled."""
+        if not isinstance(exc, Exception) or isinstance(exc, (OSError, SourceError, WriteError)):
+            return None
+        error = _explain(dataset, fields, exc)
+        if not isinstance(error, SampleError) or not error.skippable:
+            return None
+        return skipped_from_error(error, dest, int(index), sample_location(dataset.source, int(index)))
+
+    def check(self, skipped: list[SkippedSample]) -> None:
+        self.limit.check(skipped)
+
+
 def disk_full_error(dataset: str, exc: OSError) -> WriteError:
     return atomic_disk_full_error(exc, dataset=dataset)
 
@@ -200,6 +239,7 @@ def write_beton(
     label: str | None = None,
     log=None,
     work_items: list[list[tuple[int, int]]] | None = None,
+    skip: SkipLimit | None = None,
 ) -> dict[str, Any]:
     """Writes ``source[order[i]]`` as sample i of ``target``; returns a record of the write.
 
@@ -207,6 +247,10 @@ def write_beton(
     e.g. one item per webdataset shard so each shard is read once, by one worker. Either becomes a
     ``WorkPlan`` of numpy arrays first (``work_items`` is released): no Python object per sample
     stays alive during the write.
+
+    ``skip``: leave bad samples out, up to its limit (``TooManyBadSamples`` beyond, nothing written);
+    the record then says which (``"skipped"``, positions among ``order``) and ``num_samples`` is
+    what the file holds.
     """
     log = log or sys.stderr
     plan = WorkPlan.even(order, spec.writer.chunksize) if work_items is None else WorkPlan.groups(work_items)
@@ -225,6 +269,7 @@ def write_beton(
             num_workers=num_workers,
             progress=progress,
             describe_failure=describe_failure,
+            skip_policy=SkipBadSamples(skip) if skip is not None else None,
         )
         try:
             writer.write(dataset, plan)
@@ -234,10 +279,13 @@ def write_beton(
             raise
         finally:
             writer.shutdown()
-    return {
-        "num_samples": int(len(order)),
+    record = {
+        "num_samples": int(len(order)) - len(writer.skipped),
         "num_workers": num_workers,
         "page_size": spec.writer.page_size,
         "chunksize": spec.writer.chunksize,
         "seconds": round(time.monotonic() - started, 3),
     }
+    if skip is not None:
+        record["skipped"] = record_entry(sorted(writer.skipped, key=lambda s: s.position), skip.limit)
+    return record
