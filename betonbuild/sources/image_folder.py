@@ -10,6 +10,7 @@ import numpy as np
 
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
+from betonbuild.fields.kept_jpeg import KeptJPEG, Reencode, keep_or_reason, keeps_source_jpeg
 from betonbuild.sources.base import Source
 from betonbuild.sources.files import count_files
 from betonbuild.sources.folder_listing import (
@@ -119,6 +120,9 @@ class ImageFolderSource(Source):
         from PIL import Image, UnidentifiedImageError
 
         path, label = self._checked_path(index), int(self.listing.labels[index])
+        kept = self._kept(index, path) if keeps_source_jpeg(self.spec.fields[0]) else None
+        if isinstance(kept, KeptJPEG):
+            return kept, label
         try:
             image = Image.open(path)
             image.load()
@@ -126,7 +130,18 @@ class ImageFolderSource(Source):
             raise self._bomb_error(index, path, exc) from None
         except (OSError, UnidentifiedImageError) as exc:
             raise SampleError(self.spec.name, self.spec.field_names[0], index, f"cannot decode {path}: {exc}") from None
-        return image, label
+        return (image if kept is None else Reencode(image, kept)), label
+
+    def _kept(self, index: int, path: Path) -> KeptJPEG | str:
+        """The file's JPEG bytes kept as they are (``source_jpeg: keep``), or why they are decoded."""
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise SampleError(
+                self.spec.name, self.spec.field_names[0], index, f"cannot read {path}: {exc.strerror}"
+            ) from None
+        return keep_or_reason(self.spec.fields[0], data, str(path))
 
     def _bomb_error(self, index: int, path: Path, exc: Exception) -> SampleError:
         message, fix = decompression_bomb(
