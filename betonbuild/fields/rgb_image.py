@@ -28,6 +28,15 @@ def expected_image(field: FieldSpec, image: np.ndarray) -> np.ndarray:
     return ffcv_resizer(image, field.options["max_resolution"])
 
 
+def ffcv_target_size(width: int, height: int, target_resolution: int | None) -> tuple[int, int] | None:
+    """The (width, height) ``ffcv_resizer`` resizes an image of this size to; None if it keeps it."""
+    if target_resolution is None:
+        return None
+    original_size = np.array([width, height])
+    ratio = target_resolution / original_size.max()
+    return tuple(int(v) for v in (ratio * original_size).astype(int)) if ratio < 1 else None
+
+
 def ffcv_resizer(image: np.ndarray, target_resolution: int | None) -> np.ndarray:
     """ffcv 1.0.2's ``ffcv.fields.rgb_image.resizer``, the same numpy and cv2 operations in the same
     order (tests/unit/fields/test_rgb_image_resize.py compares both on many sizes), without importing
@@ -70,6 +79,15 @@ class RGBImageKind(FieldKind):
                 "enum": ["strict", "convert"],
                 "default": "strict",
                 "description": "strict rejects non-RGB PIL images; convert applies PIL .convert('RGB').",
+            },
+            "decode": {
+                "enum": ["full", "reduced"],
+                "default": "full",
+                "description": (
+                    "reduced: an image folder's JPEG that max_resolution shrinks 2x or more is decoded at "
+                    "libjpeg's reduced DCT scale (PIL draft), then resized as ffcv does; pixels differ slightly "
+                    "from ffcv's (docs/images.md)."
+                ),
             },
             "source_jpeg": {
                 "enum": ["reencode", "keep"],

@@ -337,3 +337,23 @@ def test_verification_counts_kept_images_and_a_tampered_kept_image_fails(quirks:
     check = _variable_check(spec, path)
     assert not check["ok"]
     assert f"sample {kept}" in check["detail"] and "stored bytes differ from the source" in check["detail"]
+
+
+def test_decode_reduced_decodes_at_a_dct_scale_and_stores_ffcvs_size(tmp_path: Path):
+    astronaut = _photo("astronaut", 512, 480)
+    _save(tmp_path / "root" / "a" / "halved.jpg", astronaut, quality=90)  # 512 -> 200: reduced 2x
+    _save(tmp_path / "root" / "a" / "small.jpg", _photo("coffee", 300, 200), quality=90)  # 300 -> 200: full
+    full = _spec(tmp_path / "root", max_resolution=200, source_jpeg="reencode")
+    reduced = _spec(tmp_path / "root", max_resolution=200, source_jpeg="reencode", decode="reduced")
+    _write(full, tmp_path / "full.beton")
+    _write(reduced, tmp_path / "reduced.beton")
+    a, b = BetonFile(str(tmp_path / "full.beton")), BetonFile(str(tmp_path / "reduced.beton"))
+    from betonbuild.beton.payloads import decode_image
+
+    halved = [decode_image(f, "image", 0).astype(np.int16) for f in (a, b)]
+    assert halved[0].shape == halved[1].shape == (187, 200, 3)  # ffcv's own target size
+    assert 0 < np.abs(halved[0] - halved[1]).mean() < 3
+    assert _stored(tmp_path / "full.beton", 1) == _stored(tmp_path / "reduced.beton", 1)  # shrunk < 2x
+    source = open_source(reduced)
+    report = verify_beton(reduced, source, np.arange(len(source)), str(tmp_path / "reduced.beton"), ffcv_build())
+    assert report["ok"], [c for c in report["checks"] if not c["ok"]]
