@@ -170,7 +170,9 @@ class KeepTally:
         self.codes = {name: np.frombuffer(mmap.mmap(-1, max(length, 1)), dtype=np.uint8)[:length] for name in names}
 
     def record(self, name: str, index: int, reason: str) -> None:
-        self.codes[name][index] = REASONS.index(reason) + 1
+        codes = self.codes[name]
+        if 0 <= index < len(codes):  # a replayed sample (``betonbuild repro``) comes from a one-sample dict
+            codes[index] = REASONS.index(reason) + 1
 
     def summary(self, order: np.ndarray) -> dict[str, Any]:
         """``{field: {"kept": n, "reencoded": m, "reencoded_because": {reason: count}}}`` over ``order``."""
@@ -180,6 +182,19 @@ class KeepTally:
             because = {r: int(counts[i + 1]) for i, r in enumerate(REASONS) if r != KEPT and counts[i + 1]}
             result[name] = {"kept": int(counts[1]), "reencoded": sum(because.values()), "reencoded_because": because}
         return result
+
+
+def sum_keep_counts(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The write records' ``source_jpeg`` counts of several parts, added up per field."""
+    total: dict[str, Any] = {}
+    for part in parts:
+        for name, counts in part.items():
+            mine = total.setdefault(name, {"kept": 0, "reencoded": 0, "reencoded_because": {}})
+            mine["kept"] += counts["kept"]
+            mine["reencoded"] += counts["reencoded"]
+            for reason, n in counts["reencoded_because"].items():
+                mine["reencoded_because"][reason] = mine["reencoded_because"].get(reason, 0) + n
+    return total
 
 
 def keep_tally(spec, length: int) -> KeepTally | None:

@@ -357,3 +357,46 @@ def test_decode_reduced_decodes_at_a_dct_scale_and_stores_ffcvs_size(tmp_path: P
     source = open_source(reduced)
     report = verify_beton(reduced, source, np.arange(len(source)), str(tmp_path / "reduced.beton"), ffcv_build())
     assert report["ok"], [c for c in report["checks"] if not c["ok"]]
+
+
+def test_a_failing_sample_of_a_keeping_field_is_saved_and_replays(tmp_path: Path):
+    from betonbuild.write.failure import replay, save_failure
+
+    good = _save(tmp_path / "root" / "a" / "a.jpg", _photo("coffee", 120, 90), quality=90)
+    _save(tmp_path / "root" / "a" / "b.jpg", _photo("coffee", 120, 90), quality=80)
+    (tmp_path / "root" / "a" / "c.jpg").write_bytes(good.read_bytes()[:-300])
+    spec = _spec(tmp_path / "root", name="cut")
+    with pytest.raises(SampleError) as caught:
+        _write(spec, tmp_path / "cut.beton")
+    saved = save_failure(tmp_path / "failure", spec, open_source(spec), caught.value, "full")
+    with pytest.raises(SampleError, match="index 2"):
+        replay(saved)
+    (tmp_path / "root" / "a" / "c.jpg").write_bytes(good.read_bytes())  # repaired: the replay passes
+    values, _ = replay(saved)
+    assert isinstance(values[0], KeptJPEG) and values[0].data == good.read_bytes()
+
+
+def test_a_pickled_reencoded_sample_replays_from_its_file(tmp_path: Path):
+    from betonbuild.write.failure import replay, save_failure
+
+    _save(tmp_path / "root" / "a" / "a.jpg", _photo("coffee", 120, 90), quality=90)
+    _save(tmp_path / "root" / "a" / "b.jpg", _photo("coffee", 120, 90).convert("L"), quality=90)
+    spec = _spec(tmp_path / "root", name="grey", image_mode="strict")
+    with pytest.raises(SampleError, match="mode L") as caught:
+        _write(spec, tmp_path / "grey.beton")
+    saved = save_failure(tmp_path / "failure", spec, open_source(spec), caught.value, "full")
+    assert (saved / "sample.pkl").exists()
+    with pytest.raises(SampleError, match="mode L.*index 1|index 1.*mode L"):
+        replay(saved)
+
+
+def test_the_merged_record_adds_up_the_parts_counts():
+    from betonbuild.fields.kept_jpeg import sum_keep_counts
+
+    parts = [
+        {"image": {"kept": 3, "reencoded": 1, "reencoded_because": {"not_jpeg": 1}}},
+        {"image": {"kept": 2, "reencoded": 2, "reencoded_because": {"not_jpeg": 1, "cmyk_or_ycck": 1}}},
+    ]
+    assert sum_keep_counts(parts) == {
+        "image": {"kept": 5, "reencoded": 3, "reencoded_because": {"not_jpeg": 2, "cmyk_or_ycck": 1}}
+    }
