@@ -38,6 +38,7 @@ MODULES = {
     7: "b7_incremental",
     8: "b8_workflow_scale",
     9: "b9_scale",
+    10: "b10_imagenet_like",
 }
 GIB = 1 << 30
 MAIN_JSON = REPO / "bench" / "results.json"
@@ -63,6 +64,8 @@ SIZES = {
     "scale_families": ("folder,arrays,webdataset", "folder,arrays,webdataset"),
     "scale_shard_samples": (1000, 1000),
     "scale_pairs": (1, 1),  # timed rounds per case (no warm-up round)
+    "imagenet_samples": (2000, 200),  # issue 18 (b10): the ImageNet-like folder
+    "imagenet_classes": (100, 20),
 }
 
 
