@@ -38,6 +38,7 @@ MODULES = {
     7: "b7_incremental",
     8: "b8_workflow_scale",
     9: "b9_scale",
+    10: "b10_imagenet_like",
     12: "b12_parquet",
 }
 GIB = 1 << 30
@@ -68,6 +69,8 @@ SIZES = {
     "parquet_rows": (1_000_000, 20_000),
     "parquet_images": (5_000, 300),
     "parquet_jpeg": ("reencode", "reencode"),
+    "imagenet_samples": (2000, 200),  # issue 18 (b10): the ImageNet-like folder
+    "imagenet_classes": (100, 20),
 }
 
 

@@ -10,6 +10,7 @@ from betonbuild.beton.format import IMAGE_MODE_JPEG, IMAGE_MODE_RAW, BetonFile, 
 from betonbuild.beton.payloads import decode_image
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import BetonFormatError, ConfigError
+from betonbuild.fields.kept_jpeg import KeptJPEG, Reencode, keeping_encode, keeps_source_jpeg, resolve_source_jpeg
 from betonbuild.fields.kind import Fail, FieldKind, StoredSample, describe
 
 MAX_IMAGE_SIDE = 65535  # ffcv stores width and height as <u2
@@ -24,11 +25,32 @@ _DIGEST_HEADER = np.dtype([("mode", "u1"), ("width", "<u2"), ("height", "<u2"), 
 
 def expected_image(field: FieldSpec, image: np.ndarray) -> np.ndarray:
     """What ffcv stores for a source image: resized (INTER_AREA, never upscaled) to max_resolution."""
-    if field.options["max_resolution"] is None:
-        return image  # what ffcv's resizer returns then (and it needs no import of ffcv)
-    from ffcv.fields.rgb_image import resizer
+    return ffcv_resizer(image, field.options["max_resolution"])
 
-    return resizer(image, field.options["max_resolution"])
+
+def ffcv_target_size(width: int, height: int, target_resolution: int | None) -> tuple[int, int] | None:
+    """The (width, height) ``ffcv_resizer`` resizes an image of this size to; None if it keeps it."""
+    if target_resolution is None:
+        return None
+    original_size = np.array([width, height])
+    ratio = target_resolution / original_size.max()
+    return tuple(int(v) for v in (ratio * original_size).astype(int)) if ratio < 1 else None
+
+
+def ffcv_resizer(image: np.ndarray, target_resolution: int | None) -> np.ndarray:
+    """ffcv 1.0.2's ``ffcv.fields.rgb_image.resizer``, the same numpy and cv2 operations in the same
+    order (tests/unit/fields/test_rgb_image_resize.py compares both on many sizes), without importing
+    ffcv: its import (torch, numba) holds the GIL for seconds that the verifying threads need."""
+    import cv2
+
+    if target_resolution is None:
+        return image
+    original_size = np.array([image.shape[1], image.shape[0]])
+    ratio = target_resolution / original_size.max()
+    if ratio < 1:
+        new_size = (ratio * original_size).astype(int)
+        image = cv2.resize(image, tuple(new_size), interpolation=cv2.INTER_AREA)
+    return image
 
 
 def digits_above(value: float, limit: float) -> str:
@@ -58,6 +80,23 @@ class RGBImageKind(FieldKind):
                 "default": "strict",
                 "description": "strict rejects non-RGB PIL images; convert applies PIL .convert('RGB').",
             },
+            "decode": {
+                "enum": ["full", "reduced"],
+                "default": "full",
+                "description": (
+                    "reduced: an image folder's JPEG that max_resolution shrinks 2x or more is decoded at "
+                    "libjpeg's reduced DCT scale (PIL draft), then resized as ffcv does; pixels differ slightly "
+                    "from ffcv's (docs/images.md)."
+                ),
+            },
+            "source_jpeg": {
+                "enum": ["reencode", "keep"],
+                "default": "reencode",
+                "description": (
+                    "keep stores a source JPEG's bytes unchanged where ffcv reads it as it is (8-bit, YCbCr or "
+                    "grey, within max_resolution); reencode decodes and encodes every image (ffcv's way)."
+                ),
+            },
         },
     }
     cost_per_sample_s = 0.05
@@ -71,21 +110,34 @@ class RGBImageKind(FieldKind):
                 "as JPEG); "
                 "without it ffcv stores raw and wastes a JPEG encode per image",
             )
+        if options["source_jpeg"] == "keep" and options["write_mode"] != "jpg":
+            raise ConfigError(
+                f"{where}.source_jpeg",
+                f"`source_jpeg: keep` stores JPEGs, but write_mode is {options['write_mode']!r}: "
+                "set `write_mode: jpg`, or remove `source_jpeg`",
+            )
         return options
 
     def build(self, field: FieldSpec):
         from ffcv.fields import RGBImageField
 
         o = field.options
-        return RGBImageField(
+        ffcv_field = RGBImageField(
             write_mode=o["write_mode"],
             max_resolution=o["max_resolution"],
             smart_threshold=o["smart_threshold"],
             jpeg_quality=o["jpeg_quality"],
             compress_probability=o["compress_probability"],
         )
+        return keeping_encode(ffcv_field) if keeps_source_jpeg(field) else ffcv_field
 
-    def check(self, field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
+    def check(self, field: FieldSpec, value: Any, fail: Fail) -> np.ndarray | KeptJPEG:
+        if keeps_source_jpeg(field):
+            value = resolve_source_jpeg(field, value, fail)
+            if isinstance(value, KeptJPEG):
+                return value  # its frame header was checked: 8-bit, within max_resolution
+            if isinstance(value, Reencode):
+                value = value.image
         value = _as_rgb_array(field, value, fail)
         height, width = value.shape[:2]
         if not (1 <= height <= MAX_IMAGE_SIDE and 1 <= width <= MAX_IMAGE_SIDE):
@@ -109,11 +161,13 @@ class RGBImageKind(FieldKind):
         return page_size
 
     def compare_needs_ffcv(self, field: FieldSpec) -> bool:
-        return field.options["max_resolution"] is not None  # ffcv's resizer
+        return False  # ffcv's resizer is reproduced by ``ffcv_resizer``
 
     def compare(self, field: FieldSpec, stored: StoredSample, value: Any, stats: dict) -> str | None:
         import cv2
 
+        if isinstance(value, KeptJPEG):
+            return _compare_kept(field, stored, value, stats)
         expected = expected_image(field, value)
         found, raw = stored.image(field.name)
         if found.shape != expected.shape:
@@ -140,6 +194,9 @@ class RGBImageKind(FieldKind):
         if "jpeg_mean_abs_error_sum" in stats:
             stats["jpeg_mean_abs_error_mean"] = round(stats.pop("jpeg_mean_abs_error_sum") / max(stats["jpeg"], 1), 3)
         stats["jpeg_tolerance"] = tolerance
+        if keeps_source_jpeg(field):  # no quality loss hidden: how many images were kept, how many re-encoded
+            stats.setdefault("kept", 0)
+            stats["reencoded"] = stats.get("jpeg", 0) + stats.get("raw", 0)
         if stats.pop("jpeg_over_tolerance", 0):
             # variable_result prints it once, after the failing samples
             quality = field.options["jpeg_quality"]
@@ -204,6 +261,26 @@ class RGBImageKind(FieldKind):
         head_bytes = headers.view(np.uint8).reshape(len(positions), -1)
         ptrs = meta["data_ptr"]
         return lambda i, position, allocs: (head_bytes[i], beton.mm[int(ptrs[i]) : int(ptrs[i]) + int(sizes[i])])
+
+
+def _compare_kept(field: FieldSpec, stored: StoredSample, value: KeptJPEG, stats: dict) -> str | None:
+    """A kept JPEG is verified by its bytes; one decode, by ffcv's own decoder (``stored.image``, whose
+    return code the report's ``image_decoder`` check judges), proves that ffcv reads it."""
+    record = stored.beton.metadata[field.name][stored.position]
+    payload = stored.beton.variable_payload(field.name, stored.position)
+    stats["kept"] = stats.get("kept", 0) + 1
+    mode, size = int(record["mode"]), (int(record["width"]), int(record["height"]))
+    if mode != IMAGE_MODE_JPEG or size != (value.width, value.height):
+        stored_as = f"{MODE_NAMES.get(mode, 'unknown')} {size[0]}x{size[1]}"
+        return f"kept JPEG stored as {stored_as}, expected jpeg {value.width}x{value.height}"
+    if payload.size != len(value.data) or not np.array_equal(payload, np.frombuffer(value.data, np.uint8)):
+        return f"kept JPEG's {payload.size} stored bytes differ from the source's {len(value.data)}" + (
+            f" ({value.file})" if value.file else ""
+        )
+    found, _ = stored.image(field.name)
+    if found.shape != (value.height, value.width, 3):
+        return f"kept JPEG decodes to shape {found.shape}, expected {(value.height, value.width, 3)}"
+    return None
 
 
 def _as_rgb_array(field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:

@@ -10,6 +10,8 @@ import numpy as np
 
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
+from betonbuild.fields.kept_jpeg import KeptJPEG, Reencode, keep_or_reason, keeps_source_jpeg
+from betonbuild.fields.rgb_image import ffcv_target_size
 from betonbuild.sources.base import Source
 from betonbuild.sources.files import count_files
 from betonbuild.sources.folder_listing import (
@@ -123,14 +125,52 @@ class ImageFolderSource(Source):
         from PIL import Image, UnidentifiedImageError
 
         path, label = self._checked_path(index), int(self.listing.labels[index])
+        kept = self._kept(index, path) if keeps_source_jpeg(self.spec.fields[0]) else None
+        if isinstance(kept, KeptJPEG):
+            return kept, label
         try:
             image = Image.open(path)
+            reduced = self._reduced_size(image)
+            if reduced:
+                image.draft(None, reduced)  # libjpeg's DCT scaling: 1/2, 1/4 or 1/8, never below ``reduced``
             image.load()
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:  # the warning: if made an error
             raise self._bomb_error(index, path, exc) from None
         except (OSError, UnidentifiedImageError) as exc:
             raise SampleError(self.spec.name, self.spec.field_names[0], index, f"cannot decode {path}: {exc}") from None
-        return image, label
+        if reduced:
+            image = self._resized(image, reduced)
+        return (image if kept is None else Reencode(image, kept)), label
+
+    def _reduced_size(self, image) -> tuple[int, int] | None:
+        """With ``decode: reduced``, the size ffcv's resizer makes of a JPEG that it shrinks 2x or more."""
+        field = self.spec.fields[0]
+        if field.options.get("decode") != "reduced" or image.format != "JPEG":
+            return None
+        target = ffcv_target_size(*image.size, field.options.get("max_resolution"))
+        return target if target and 2 * max(target) <= max(image.size) else None
+
+    def _resized(self, image, size: tuple[int, int]):
+        """The drafted image resized the rest of the way to exactly ``size`` (INTER_AREA, as ffcv resizes);
+        an image the contract refuses (a mode other than RGB under ``image_mode: strict``) is left to it."""
+        import cv2
+
+        if image.mode != "RGB":
+            if self.spec.fields[0].options.get("image_mode") != "convert":
+                return image
+            image = image.convert("RGB")
+        return cv2.resize(np.asarray(image), size, interpolation=cv2.INTER_AREA)
+
+    def _kept(self, index: int, path: Path) -> KeptJPEG | str:
+        """The file's JPEG bytes kept as they are (``source_jpeg: keep``), or why they are decoded."""
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise SampleError(
+                self.spec.name, self.spec.field_names[0], index, f"cannot read {path}: {exc.strerror}"
+            ) from None
+        return keep_or_reason(self.spec.fields[0], data, str(path))
 
     def _bomb_error(self, index: int, path: Path, exc: Exception) -> SampleError:
         message, fix = decompression_bomb(

@@ -12,16 +12,13 @@ both ways: with a libjpeg build that disagrees, that kind stays with PIL.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-SOF_PLAIN = (0xC0, 0xC1, 0xC2)  # Huffman baseline, extended sequential, progressive
-SOF_OTHER = (0xC3, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9, 0xCA, 0xCB, 0xCC, 0xCD, 0xCE, 0xCF)  # lossless, arithmetic, ...
-SKIPPED = (0xC4, 0xDB, *range(0xE0, 0xF0), 0xFE)  # Huffman and quantisation tables, APPn, comments
-SCAN_MARKER = re.compile(rb"\xff[^\x00]")
+from betonbuild.beton.jpeg_frame import SKIPPED, SOF_PLAIN, scan_end
+
 JPEG_KINDS: dict[bytes, bool] = {}  # kind -> cv2 gave webdataset's pixels, in this process
 
 
@@ -46,7 +43,7 @@ def jpeg_kind(data: bytes) -> bytes | None:
             if frame is None:
                 return None
         elif marker == 0xDA and frame is not None:
-            end = _scan_end(data, end, restarts)
+            end = scan_end(data, end, restarts)
             if end is None:
                 return None
         elif marker == 0xDD:
@@ -58,17 +55,6 @@ def jpeg_kind(data: bytes) -> bytes | None:
         elif marker not in SKIPPED:
             return None  # another kind of frame, a second frame, a scan before the frame, ...
         pos = end
-    return None
-
-
-def _scan_end(data: bytes, pos: int, restarts: bool) -> int | None:
-    """Where the entropy-coded data from ``pos`` ends: at the first marker that is not a restart
-    marker in sequence (FF 00 is a stuffed FF); None if it does not end in a marker."""
-    expected = 0xD0
-    for match in SCAN_MARKER.finditer(data, pos):
-        if not (restarts and data[match.start() + 1] == expected):
-            return match.start()
-        expected = 0xD0 + (expected - 0xCF) % 8
     return None
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
+from betonbuild.fields.kept_jpeg import KeptJPEG, Reencode, keep_or_reason, keeps_source_jpeg
 from betonbuild.sources.adapters import import_factory
 from betonbuild.sources.base import Source
 from betonbuild.sources.image_limits import decompression_bomb, is_decompression_bomb
@@ -315,7 +316,7 @@ class WebDatasetSource(Source):
                     location=where,
                 )
             try:
-                values.append(self.decode1(ext, sample[ext]))
+                values.append(self.decode_field(field, ext, sample[ext], where))
             except Exception as exc:  # noqa: BLE001 - any decoder failure is this sample's error
                 if is_decompression_bomb(exc):
                     set_limit_in = "give the source a `pipeline:` (it then decodes the samples) whose module sets"
@@ -329,6 +330,13 @@ class WebDatasetSource(Source):
                     location=where,
                 ) from None
         return tuple(values)
+
+    def decode_field(self, field: FieldSpec, ext: str, payload: bytes, where: str):
+        """A member as the field takes it: a JPEG kept as it is (``source_jpeg: keep``), else decoded."""
+        if not keeps_source_jpeg(field) or not isinstance(payload, bytes):
+            return self.decode1(ext, payload)
+        kept = keep_or_reason(field, payload, where)
+        return kept if isinstance(kept, KeptJPEG) else Reencode(self.decode1(ext, payload), kept)
 
     def decode1(self, ext: str, payload: bytes):
         """webdataset's decode of one member; a plain rgb8 JPEG through cv2 (see ``jpeg``)."""

@@ -21,6 +21,7 @@ from betonbuild.beton.format import BetonFile
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError, BetonFormatError
 from betonbuild.fields import FIELD_KINDS, field_kind
+from betonbuild.fields.kept_jpeg import KeptJPEG, keep_or_reason, keeps_source_jpeg
 from betonbuild.mapped_pages import release_mapped
 from betonbuild.verify.images import DecoderCount, StoredImages, decode_source_image
 from betonbuild.write.contract import check_sample, check_value
@@ -279,13 +280,16 @@ def _fast_image(ctx: Context, stored: Chunk, index: int, tally: Tally) -> bool:
     if data is None:
         return False
     field = ctx.variable[0][1]
-    rgb = decode_source_image(stored.jpeg, data)
-    if rgb is None or rgb.ndim != 3:
-        return False
+    # A JPEG the writer keeps is verified by its bytes (and one decode of the stored copy), never by pixels
+    value = keep_or_reason(field, data.tobytes()) if keeps_source_jpeg(field) else None
+    if not isinstance(value, KeptJPEG):
+        value = decode_source_image(stored.jpeg, data)
+        if value is None or value.ndim != 3:
+            return False
     scratch: dict[str, Any] = {"compared": 0, "mismatches": 0}
     try:
-        check_value(ctx.spec.name, field, rgb, index)  # the same size limits the writer applied
-        problem = field_kind(field).compare(field, stored, rgb, scratch)
+        value = check_value(ctx.spec.name, field, value, index)  # the same size limits the writer applied
+        problem = field_kind(field).compare(field, stored, value, scratch)
     except BetonbuildError:
         return False
     if problem:

@@ -22,6 +22,7 @@ from betonbuild.beton.merge import merge_betons
 from betonbuild.config.spec import DatasetSpec, resolve_indices, smoke_positions
 from betonbuild.errors import MergeError, SampleError, SourceError, VerificationError
 from betonbuild.fields.custom import custom_handlers
+from betonbuild.fields.kept_jpeg import sum_keep_counts
 from betonbuild.provenance import ffcv_build
 from betonbuild.sources import open_source, source_class, source_fingerprint
 from betonbuild.sources.folder_listing import write_listing
@@ -295,6 +296,8 @@ def merge_parts(
         "merge": {k: v for k, v in merged.items() if k != "parts"},
         **({"skipped": skips} if skips is not None else {}),
     }
+    if any("source_jpeg" in r for r in records):  # ``source_jpeg: keep``: the parts' counts, summed
+        record["source_jpeg"] = sum_keep_counts([r.get("source_jpeg", {}) for r in records])
     if record["rows_sha256"] != manifest["order_sha256"]:
         raise MergeError(f"dataset '{spec.name}': the sample order differs from the one recorded in {manifest_path}")
     write_json(record_path, record)

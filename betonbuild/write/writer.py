@@ -30,7 +30,8 @@ from betonbuild.atomic import disk_full_error as atomic_disk_full_error
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import SampleError, SourceError, WriteError
 from betonbuild.fields import build_fields
-from betonbuild.write.contract import check_sample
+from betonbuild.fields.kept_jpeg import keep_failure, keep_tally, keeps_source_jpeg, reason_of, resolve_source_jpeg
+from betonbuild.write.contract import check_sample, sample_to_tuple
 from betonbuild.write.progress import Progress
 from betonbuild.write.skips import SkipLimit, SkippedSample, record_entry, sample_location, skipped_from_error
 from betonbuild.write.workplan import WorkPlan
@@ -51,6 +52,9 @@ class CheckedDataset:
         self.source = source
         self.current_index: int | None = None
         self._seed_global_rng = any(f.options.get("write_mode") == "proportion" for f in spec.fields)
+        # ``source_jpeg: keep``: why each image was kept or re-encoded, shared with the forked workers
+        self.keep_tally = keep_tally(spec, len(source))
+        self._keeping = [(i, f) for i, f in enumerate(spec.fields) if keeps_source_jpeg(f)]
 
     def __len__(self) -> int:
         return len(self.source)
@@ -80,7 +84,15 @@ class CheckedDataset:
             # RGBImageField's `proportion` mode draws from numpy's global RNG: seed it per sample
             # so the choice of JPEG vs raw is reproducible.
             np.random.seed((self.spec.writer.seed * 1_000_003 + index) % 2**32)
-        return check_sample(self.spec, sample, index)
+        if not self._keeping:
+            return check_sample(self.spec, sample, index)
+        raw = list(sample_to_tuple(self.spec, sample, index))
+        for column, field in self._keeping:
+            raw[column] = resolve_source_jpeg(field, raw[column], keep_failure(self.spec.name, field.name, index))
+        values = check_sample(self.spec, tuple(raw), index)
+        for column, field in self._keeping:
+            self.keep_tally.record(field.name, index, reason_of(raw[column], values[column]))
+        return values
 
 
 def page_fit_error(spec: DatasetSpec, fields: dict, values: tuple, index: int) -> SampleError:
@@ -288,4 +300,6 @@ def write_beton(
     }
     if skip is not None:
         record["skipped"] = record_entry(sorted(writer.skipped, key=lambda s: s.position), skip.limit)
+    if dataset.keep_tally is not None:  # per field: kept and re-encoded images, and why
+        record["source_jpeg"] = dataset.keep_tally.summary(order)
     return record

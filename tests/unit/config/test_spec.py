@@ -517,6 +517,8 @@ def test_field_option_defaults_are_filled_in():
         "jpeg_quality": 90,
         "compress_probability": 0.5,
         "image_mode": "strict",
+        "decode": "full",
+        "source_jpeg": "reencode",
     }
     assert options["blob"] == {"allow_empty": False}
     assert options["meta"] == {"json_numpy": "reject"}

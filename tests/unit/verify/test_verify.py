@@ -482,7 +482,7 @@ def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_as_jpeg
     "fields, kind, ffcv_free",
     [
         ({"image": {"type": "rgb_image"}, "label": {"type": "int"}}, "image_folder", True),
-        ({"image": {"type": "rgb_image", "max_resolution": 32}, "label": {"type": "int"}}, "image_folder", False),
+        ({"image": {"type": "rgb_image", "max_resolution": 32}, "label": {"type": "int"}}, "image_folder", True),
         ({"a": {"type": "int"}, "b": {"type": "bytes"}}, "arrays", True),
         ({"t": {"type": "torch_tensor", "dtype": "float32", "shape": [2]}}, "arrays", False),
         ({"t": {"type": "custom", "class": "betonbuild.custom:FixedUTF8Field", "args": {"width": 4}}}, "arrays", False),
