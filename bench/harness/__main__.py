@@ -38,6 +38,7 @@ MODULES = {
     7: "b7_incremental",
     8: "b8_workflow_scale",
     9: "b9_scale",
+    11: "b11_field_kinds",
 }
 GIB = 1 << 30
 MAIN_JSON = REPO / "bench" / "results.json"
@@ -63,6 +64,8 @@ SIZES = {
     "scale_families": ("folder,arrays,webdataset", "folder,arrays,webdataset"),
     "scale_shard_samples": (1000, 1000),
     "scale_pairs": (1, 1),  # timed rounds per case (no warm-up round)
+    "kinds_samples": (200_000, 4_000),  # issue 19 (b11): ragged arrays / strings decoded and written
+    "kinds_images": (2_000, 200),  # issue 19 (b11): 256x256 grey crops decoded
 }
 
 
