@@ -150,6 +150,14 @@ class FieldKind:
         """The decoders ffcv's Loader reads the first ``n`` samples with; None: skipped; ``OWN_DECODER``."""
         raise NotImplementedError(self.name)
 
+    def loader_extra_outputs(self, field: FieldSpec) -> dict:
+        """Loader outputs besides the field's own, {output name: decoder} (the shapes of betonbuild's kinds)."""
+        return {}
+
+    def loader_extra_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
+        """Whether an extra output's item (each sample's shape or length) matches the file's record."""
+        return True
+
     def loader_comparable(self, field: FieldSpec) -> bool:
         """Whether a Loader item can be compared with the file's decoded value."""
         return True

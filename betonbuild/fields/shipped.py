@@ -127,6 +127,15 @@ class ShippedKind(CustomKind):
     def loader_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
         return self.build(field).loader_item_equal(item, self.stored_value(beton, field.name, position))
 
+    def loader_extra_outputs(self, field: FieldSpec) -> dict:
+        return self.build(field).extra_outputs(field.name)
+
+    def loader_extra_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
+        """``<name>_shape`` is the record's shape, ``<name>_len`` its first dimension."""
+        shape = np.asarray(beton.metadata[field.name]["shape"][position]).reshape(-1)
+        item = np.asarray(item).reshape(-1)
+        return np.array_equal(item, shape if item.size == shape.size else shape[:1])
+
     def summarise(self, beton: BetonFile, info: FieldInfo, position: int) -> Any:
         try:
             return self.summary_text(self.stored_value(beton, info.name, position, info.handler))

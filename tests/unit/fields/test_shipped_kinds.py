@@ -173,7 +173,8 @@ def test_full_verification_passes_and_the_content_digest_ignores_the_layout(proj
     variable = check(report, "variable_fields")
     assert variable["detail"].startswith("every sample of") and "JPEG mean absolute error" in variable["detail"]
     assert all(variable["fields"][name]["compared"] == 30 for name in SHIPPED)
-    assert "equal to the file's decoded content" in check(report, "loader_batch")["detail"]
+    loader_batch = check(report, "loader_batch")["detail"]
+    assert "equal to the file's decoded content, and their shapes and lengths ['points_shape'" in loader_batch
     handlers = custom_handlers(spec)
     digests = {content_digest(BetonFile(project / f, custom_handlers=handlers)) for f in ("one.beton", "two.beton")}
     assert len(digests) == 1
@@ -315,3 +316,19 @@ def test_parts_with_shipped_kinds_merge_and_read_back_equal(project: Path):
     merge_betons([project / "p0.beton", project / "p1.beton"], project / "m.beton", custom_handlers(spec))
     report = verify_beton(spec, source, np.arange(10), str(project / "m.beton"), ffcv_build(), True)
     assert report["ok"], [c for c in report["checks"] if not c["ok"]]
+
+
+def test_the_loader_batch_check_fails_when_a_shape_output_disagrees_with_the_records(project: Path, monkeypatch):
+    from betonbuild.fields.ragged import RaggedKind
+    from betonbuild.verify.loader import check_loader_batch
+
+    spec = spec_of(12)
+    write(spec, project / "k.beton", workers=1)
+    beton = BetonFile(project / "k.beton", custom_handlers=custom_handlers(spec))
+    assert check_loader_batch(beton, spec)[0]
+    original = RaggedKind.loader_extra_equal
+    monkeypatch.setattr(  # a decoder giving each sample's shape one too long, as a broken one would
+        RaggedKind, "loader_extra_equal", lambda self, f, b, item, p: original(self, f, b, np.asarray(item) + 1, p)
+    )
+    ok, detail = check_loader_batch(beton, spec)
+    assert not ok and "field 'points': ffcv.Loader's points_shape disagrees with the file's records" in detail
