@@ -21,8 +21,10 @@ def _inspect(args) -> int:
     # why local: the reader needs numpy, which `betonbuild --help` and the other commands need not import
     from betonbuild.beton.describe import as_text, describe, describe_incomplete
     from betonbuild.beton.format import BetonFile, UnregisteredCustomField
+    from betonbuild.loading import shipped_handlers
 
-    handlers = _custom_handlers(args.custom)
+    # betonbuild's own kinds (ragged_ndarray, text...) name their class in the file: no --custom needed
+    handlers = {**shipped_handlers(args.file), **_custom_handlers(args.custom)}
     try:
         info = describe(BetonFile(args.file, custom_handlers=handlers), samples=args.samples, digest=args.digest)
     except UnregisteredCustomField as exc:

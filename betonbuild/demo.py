@@ -113,3 +113,51 @@ def write_photos(root: Path) -> None:
             Image.fromarray(crop).save(folder / f"{name}_{k}.png")
     shutil.rmtree(root, ignore_errors=True)
     os.replace(tmp, root)
+
+
+GRAY_PHOTOS = ("camera", "coins", "moon", "page", "text")  # scikit-image's greyscale photographs
+GRAY_CROP = 64
+
+
+class GrayTokens:
+    """The ``gray_tokens`` demo, read at build time (as the wine table is): each of the 1797 digits as
+    a greyscale image, a 64x64 crop of one of scikit-image's greyscale photos, and a variable-length
+    token list made from a row of the wine table (the ids of its features above their median)
+    with the same tokens as text."""
+
+    def __init__(self, n: int | None = None):
+        import skimage.data
+        from sklearn.datasets import load_digits, load_wine
+
+        digits = load_digits()
+        self.digits = np.round(digits.images * (255 / 16)).astype(np.uint8)  # 0..16 -> 0..255
+        self.labels = digits.target.astype(np.int64)
+        wine = load_wine()
+        above = wine.data > np.median(wine.data, axis=0)
+        self.tokens = [np.flatnonzero(row).astype(np.int16) for row in above]
+        self.words = [f"{wine.target_names[c]}:" for c in wine.target]
+        self.feature_names = list(wine.feature_names)
+        self.photos = [getattr(skimage.data, name)() for name in GRAY_PHOTOS]
+        self.n = len(self.digits) if n is None else min(int(n), len(self.digits))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index) -> dict:
+        i = int(index)
+        row = i % len(self.tokens)
+        photo = self.photos[i % len(self.photos)]
+        top = (37 * i) % (photo.shape[0] - GRAY_CROP)
+        left = (53 * i) % (photo.shape[1] - GRAY_CROP)
+        return {
+            "digit": self.digits[i],
+            "photo": np.ascontiguousarray(photo[top : top + GRAY_CROP, left : left + GRAY_CROP]),
+            "tokens": self.tokens[row],
+            "caption": " ".join([self.words[row]] + [self.feature_names[t] for t in self.tokens[row]]),
+            "label": int(self.labels[i]),
+        }
+
+
+def gray_tokens(n: int | None = None) -> GrayTokens:
+    """The factory the demo config names (``factory: "betonbuild.demo:gray_tokens"``)."""
+    return GrayTokens(n)

@@ -14,7 +14,6 @@ import numpy as np
 
 from betonbuild.atomic import atomic_path
 from betonbuild.beton.format import BetonFile
-from betonbuild.beton.payloads import decode_image
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.fields import field_kind
 from betonbuild.fields.custom import custom_handlers
@@ -59,14 +58,14 @@ def contact_sheet(beton_path: str, spec: DatasetSpec, out_png: str) -> list[int]
     from PIL import Image, ImageDraw
 
     beton = _open(beton_path, spec)
-    image_field = next(f.name for f in _with_role(spec, "image"))
+    image_field = next(f for f in _with_role(spec, "image"))
     label_fields = [f.name for f in _with_role(spec, "caption")]
     rows = preview_rows(beton.num_samples)
     columns = min(COLUMNS, max(len(rows), 1))
     sheet = Image.new("RGB", (columns * CELL, -(-len(rows) // columns) * (CELL + LABEL_HEIGHT)), "white")
     draw = ImageDraw.Draw(sheet)
     for k, row in enumerate(rows):
-        thumb = Image.fromarray(decode_image(beton, image_field, int(row)))
+        thumb = Image.fromarray(field_kind(image_field).preview_image(beton, image_field, int(row)))
         thumb.thumbnail((CELL, CELL))
         x, y = (k % columns) * CELL, (k // columns) * (CELL + LABEL_HEIGHT)
         sheet.paste(thumb, (x + (CELL - thumb.width) // 2, y + (CELL - thumb.height) // 2))
@@ -88,9 +87,10 @@ def numeric_plot(beton_path: str, spec: DatasetSpec, out_png: str) -> None:
     panels = [f for f in spec.fields if {"histogram", "values"} & set(field_kind(f).preview_roles)]
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4 * max(len(panels), 1), 3), squeeze=False)
     for ax, field in zip(axes[0], panels):
-        if "histogram" in field_kind(field).preview_roles:
-            ax.hist(np.asarray(beton.metadata[field.name]), bins=min(50, max(beton.num_samples // 4, 5)))
-            ax.set_title(f"{field.name}: histogram")
+        kind = field_kind(field)
+        if "histogram" in kind.preview_roles:
+            ax.hist(kind.histogram_values(beton, field), bins=min(50, max(beton.num_samples // 4, 5)))
+            ax.set_title(f"{field.name}: {kind.histogram_title}")
         else:
             rows = preview_rows(beton.num_samples, 2048)
             values = beton.ndarray_column(field.name, rows).reshape(len(rows), -1).astype(np.float64)

@@ -39,6 +39,7 @@ MODULES = {
     8: "b8_workflow_scale",
     9: "b9_scale",
     10: "b10_imagenet_like",
+    11: "b11_field_kinds",
     12: "b12_parquet",
 }
 GIB = 1 << 30
@@ -71,6 +72,8 @@ SIZES = {
     "parquet_jpeg": ("reencode", "reencode"),
     "imagenet_samples": (2000, 200),  # issue 18 (b10): the ImageNet-like folder
     "imagenet_classes": (100, 20),
+    "kinds_samples": (200_000, 4_000),  # issue 19 (b11): ragged arrays / strings decoded and written
+    "kinds_images": (2_000, 200),  # issue 19 (b11): 256x256 grey crops decoded
 }
 
 

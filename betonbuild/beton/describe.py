@@ -30,7 +30,7 @@ def describe(beton: BetonFile, samples: int = 3, digest: bool = False) -> dict[s
         fields.append(
             {
                 "name": info.name,
-                "type": info.type_name,
+                "type": kind.name,  # a type-255 field read by betonbuild's own class: its kind (ragged_ndarray...)
                 "type_id": info.type_id,
                 "arguments": kind.describe_arguments(info),
                 "metadata_bytes": stored["metadata"],
@@ -153,12 +153,12 @@ def as_text(info: dict[str, Any]) -> str:
         f"{layout['metadata_record_bytes']} bytes per sample"
     )
     lines.append("fields")
-    lines.append(f"  {'#':>2}  {'name':<16} {'type':<12} {'stored':>10} {'per sample':>11}  arguments")
+    lines.append(f"  {'#':>2}  {'name':<16} {'type':<14} {'stored':>10} {'per sample':>11}  arguments")
     for i, f in enumerate(info["fields"]):
         stored = f["metadata_bytes"] + f["data_bytes"]
         per = stored / header["num_samples"] if header["num_samples"] else 0
         arguments = field_kind(f["type"]).arguments_text(f)
-        lines.append(f"  {i:>2}  {f['name']:<16} {f['type']:<12} {_human(stored):>10} {_human(per):>11}  {arguments}")
+        lines.append(f"  {i:>2}  {f['name']:<16} {f['type']:<14} {_human(stored):>10} {_human(per):>11}  {arguments}")
     failed = [c for c in info["structure"] if not c["ok"]]
     flagged = [c for c in info["structure"] if c["ok"] and c.get("flagged")]
     lines.append(

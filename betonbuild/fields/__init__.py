@@ -12,17 +12,17 @@ from betonbuild.beton.format import FieldInfo
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import BetonFormatError
 from betonbuild.fields import bytes as bytes_kind
-from betonbuild.fields import custom, ndarray, rgb_image, torch_tensor
+from betonbuild.fields import custom, gray_image, int_list, ndarray, ragged, rgb_image, text, torch_tensor
 from betonbuild.fields import float as float_kind
 from betonbuild.fields import int as int_kind
 from betonbuild.fields import json as json_kind
 from betonbuild.fields.kind import FieldKind
 
-FIELD_KINDS: dict[str, FieldKind] = {
-    module.KIND.name: module.KIND
-    for module in (int_kind, float_kind, ndarray, torch_tensor, rgb_image, bytes_kind, json_kind, custom)
-}
-_BY_TYPE_ID = {kind.type_id: kind for kind in FIELD_KINDS.values()}
+_BUILTIN = (int_kind, float_kind, ndarray, torch_tensor, rgb_image, bytes_kind, json_kind, custom)
+# Kinds betonbuild stores with its own custom classes (type id 255, ``betonbuild.fields.shipped``)
+_SHIPPED = (ragged, int_list, text, gray_image)
+FIELD_KINDS: dict[str, FieldKind] = {module.KIND.name: module.KIND for module in _BUILTIN + _SHIPPED}
+_BY_TYPE_ID = {module.KIND.type_id: module.KIND for module in _BUILTIN}
 
 
 def field_kind(field: FieldSpec | str) -> FieldKind:
@@ -39,7 +39,11 @@ def kind_of_type_id(type_id: int, where: str) -> FieldKind:
 
 
 def stored_kind(info: FieldInfo, path: str = "") -> FieldKind:
-    """The kind of a field of a .beton (its descriptor's type id); ``path`` names the file in the error."""
+    """The kind of a field of a .beton (its descriptor's type id, and for a type-255 field read by one
+    of betonbuild's classes, that class's kind); ``path`` names the file in the error."""
+    shipped = getattr(info.handler, "betonbuild_kind", None)
+    if shipped in FIELD_KINDS:
+        return FIELD_KINDS[shipped]
     return kind_of_type_id(info.type_id, f"{path}: field '{info.name}'" if path else f"field '{info.name}'")
 
 

@@ -102,9 +102,21 @@ def build(field_spec) -> Any:
     return _build(field_spec.options["class"], json.dumps(field_spec.options["args"], sort_keys=True))
 
 
+# kind name -> its class, for the kinds betonbuild stores with its own classes (``betonbuild.fields.shipped``
+# registers each as it is defined)
+SHIPPED_CLASSES: dict[str, type] = {}
+
+
 def custom_handlers(spec) -> dict[str, type]:
-    """{field name: class} of a dataset's custom fields, for Reader/Loader/BetonFile registration."""
-    return {f.name: load_class(f.options["class"]) for f in spec.fields if f.type == KIND.name}
+    """{field name: class} of a dataset's type-255 fields (``type: custom`` and the kinds betonbuild
+    ships as classes, e.g. ``ragged_ndarray``), for Reader/Loader/BetonFile registration."""
+    handlers = {}
+    for f in spec.fields:
+        if f.type == KIND.name:
+            handlers[f.name] = load_class(f.options["class"])
+        elif f.type in SHIPPED_CLASSES:
+            handlers[f.name] = SHIPPED_CLASSES[f.type]
+    return handlers
 
 
 def scratch_record(field) -> np.ndarray:
@@ -190,7 +202,7 @@ class CustomKind(FieldKind):
         return options
 
     def metadata_type(self, field: FieldSpec) -> np.dtype:
-        return np.dtype(build(field).metadata_type)  # the class declares its own
+        return np.dtype(self.build(field).metadata_type)  # the class declares its own
 
     def adapter_references(self, field: FieldSpec) -> list[str]:
         return [field.options["class"]]
@@ -206,7 +218,7 @@ class CustomKind(FieldKind):
         return value
 
     def descriptor_problem(self, field: FieldSpec, info: FieldInfo) -> str | None:
-        if info.arguments != argument_bytes(build(field)):
+        if info.arguments != argument_bytes(self.build(field)):
             return (
                 f"field '{field.name}': the descriptor's arguments differ from "
                 f"{field.options['class']}(**{field.options['args']!r}).to_binary()"
@@ -218,25 +230,25 @@ class CustomKind(FieldKind):
 
     def compare(self, field: FieldSpec, stored: StoredSample, value: Any, stats: dict) -> str | None:
         """Re-encodes the source value and requires the file's record and payload bytes; then ``decode``."""
-        problem, used = _compare_encoded(field, stored, value, stats)
+        problem, used = _compare_encoded(self.build(field), field, stored, value, stats)
         stored.claim(used)
         return problem
 
     def report_stats(self, field: FieldSpec, column: int, stats: dict, tolerance: float) -> None:
         stats["class"] = field.options["class"]
         stats["comparison"] = "re-encoded source bytes" + (
-            " and decoded value" if hasattr(build(field), "decode") else ""
+            " and decoded value" if hasattr(self.build(field), "decode") else ""
         )
 
     def loader_pipeline(self, field: FieldSpec, beton: BetonFile, n: int) -> str:
         return OWN_DECODER  # the class's get_decoder_class, registered through custom_fields
 
     def loader_comparable(self, field: FieldSpec) -> bool:
-        instance = build(field)
+        instance = self.build(field)
         return hasattr(instance, "from_loader") and hasattr(instance, "decode")
 
     def loader_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
-        instance = build(field)
+        instance = self.build(field)
         payloads = [np.asarray(beton.read(p, s)) for p, s in beton.custom_allocations(position)]
         return values_equal(instance.from_loader(item), instance.decode(beton.metadata[field.name][position], payloads))
 
@@ -275,11 +287,12 @@ class CustomKind(FieldKind):
         return parts
 
 
-def _compare_encoded(field: FieldSpec, stored: StoredSample, value: Any, stats: dict) -> tuple[str | None, int]:
-    """(why the file differs from the re-encoded value or None, the allocations the value takes)."""
+def _compare_encoded(
+    instance, field: FieldSpec, stored: StoredSample, value: Any, stats: dict
+) -> tuple[str | None, int]:
+    """(why the file differs from ``instance``'s re-encoding of the value or None, the allocations it takes)."""
     beton, position = stored.beton, stored.position
     allocations = stored.allocations()
-    instance = build(field)
     record, payloads = encode(instance, value, [p for p, _ in allocations])
     if record != beton.record_bytes(field.name, position):
         return "the metadata record differs from the re-encoded source value", len(payloads)

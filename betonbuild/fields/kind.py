@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from betonbuild.beton.format import METADATA_TYPES, TYPE_NAMES, BetonFile, FieldInfo
+from betonbuild.beton.payloads import decode_image
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import SampleError
 
@@ -149,6 +150,14 @@ class FieldKind:
         """The decoders ffcv's Loader reads the first ``n`` samples with; None: skipped; ``OWN_DECODER``."""
         raise NotImplementedError(self.name)
 
+    def loader_extra_outputs(self, field: FieldSpec) -> dict:
+        """Loader outputs besides the field's own, {output name: decoder} (the shapes of betonbuild's kinds)."""
+        return {}
+
+    def loader_extra_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
+        """Whether an extra output's item (each sample's shape or length) matches the file's record."""
+        return True
+
     def loader_comparable(self, field: FieldSpec) -> bool:
         """Whether a Loader item can be compared with the file's decoded value."""
         return True
@@ -156,6 +165,18 @@ class FieldKind:
     def loader_equal(self, field: FieldSpec, beton: BetonFile, item: Any, position: int) -> bool:
         """Whether the Loader's item of the sample at ``position`` equals what the file holds."""
         raise NotImplementedError(self.name)
+
+    # --- the report's preview (``betonbuild.report``) --------------------------------------------
+
+    histogram_title = "histogram"
+
+    def histogram_values(self, beton: BetonFile, field: FieldSpec) -> np.ndarray:
+        """``preview_roles`` "histogram": the numbers plotted (by default the stored values)."""
+        return np.asarray(beton.metadata[field.name])
+
+    def preview_image(self, beton: BetonFile, field: FieldSpec, position: int) -> np.ndarray:
+        """``preview_roles`` "image": the stored image at ``position`` (HxWx3 or HxW uint8)."""
+        return decode_image(beton, field.name, position)
 
     # --- inspect (``betonbuild.beton.describe``) ---------------------------------------------------
 

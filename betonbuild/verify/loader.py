@@ -142,6 +142,7 @@ def loader_child() -> None:
 def check_loader_batch(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str]:
     """One batch through the real ffcv.Loader, compared with what the memmap reader decoded."""
     from ffcv.loader import Loader, OrderOption
+    from ffcv.pipeline import PipelineSpec
 
     n = min(spec.verify["loader_batch"], beton.num_samples)
     pipelines, skipped = {}, []
@@ -152,6 +153,11 @@ def check_loader_batch(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str]:
         pipelines[field.name] = pipeline
         if pipeline is None:
             skipped.append(field.name)
+    extras = {}  # the shapes / lengths outputs of betonbuild's own kinds (betonbuild.loader_pipelines)
+    for field in spec.fields:
+        if pipelines.get(field.name, True) is not None:
+            extras.update({out: (field, dec) for out, dec in field_kind(field).loader_extra_outputs(field).items()})
+    pipelines.update({out: PipelineSpec(field.name, decoder=dec) for out, (field, dec) in extras.items()})
     with lean_os_cache(n):  # ffcv's per-sample page maps skipped: ~600 bytes a sample, never read here
         loader = Loader(
             beton.path,
@@ -166,7 +172,8 @@ def check_loader_batch(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str]:
         )
     batch = next(iter(loader))
     batch = [b.numpy() if hasattr(b, "numpy") else np.asarray(b) for b in batch]
-    loaded = dict(zip([f.name for f in spec.fields if pipelines.get(f.name, True) is not None], batch))
+    names = [f.name for f in spec.fields if pipelines.get(f.name, True) is not None] + list(extras)
+    loaded = dict(zip(names, batch))
     problems, unchecked = [], []
     for field in spec.fields:
         if field.name not in loaded:
@@ -179,7 +186,13 @@ def check_loader_batch(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str]:
             if not kind.loader_equal(field, beton, items[position], position):
                 problems.append(f"field '{field.name}' sample {position}: ffcv.Loader and the file disagree")
                 break
+    for output, (field, _) in extras.items():
+        items = np.asarray(loaded[output])
+        if not all(field_kind(field).loader_extra_equal(field, beton, items[p], p) for p in range(n)):
+            problems.append(f"field '{field.name}': ffcv.Loader's {output} disagrees with the file's records")
     detail = "; ".join(problems) or f"ffcv.Loader read {n} samples, equal to the file's decoded content"
+    if extras and not problems:
+        detail += f", and their shapes and lengths {list(extras)}"
     if skipped:
         detail += f" (fields {skipped} skipped: images of several sizes)"
     if unchecked:

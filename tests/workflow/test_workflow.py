@@ -68,12 +68,23 @@ def datasets(workdir: Path, digits: Path, photos: Path) -> dict:
             },
             "smoke": {"samples": 4},
         },
+        "gray_tokens": {  # betonbuild's own field kinds (docs/field-kinds.md), as in the demo config
+            "source": {"kind": "python", "factory": "betonbuild.demo:gray_tokens", "args": {"n": 40}},
+            "fields": {
+                "digit": {"type": "gray_image"},
+                "photo": {"type": "gray_image", "write_mode": "jpg"},
+                "tokens": {"type": "int_list", "dtype": "int16", "max_elements": 13},
+                "caption": {"type": "text", "max_bytes": 512},
+                "label": {"type": "int"},
+            },
+            "smoke": {"samples": 4},
+        },
     }
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """One real build of three datasets (arrays, image folder, python factory), shared by the tests."""
+    """One real build of four datasets (arrays, image folder, python factories), shared by the tests."""
     workdir = tmp_path_factory.mktemp("project")
     make_digits_npz(workdir / "digits.npz")
     make_photo_folder(workdir / "photos")
@@ -106,7 +117,7 @@ def edited(path: Path, edit):
 
 def test_every_dataset_ends_with_a_verified_beton(built):
     workdir, _ = built
-    expected = {"digits": 300, "photos": 6, "wine": 60}
+    expected = {"digits": 300, "photos": 6, "wine": 60, "gray_tokens": 40}
     for ds, count in expected.items():
         rep = report(workdir, ds)
         assert rep["ok"] is True, rep["worst"]
@@ -212,13 +223,13 @@ def test_a_corrupted_beton_fails_verification_and_keeps_the_report(tmp_path, dig
 
 
 def test_the_demo_config_is_valid_and_plans_every_dataset():
-    """The repo's own config (the demo `make run` builds) passes validation and plans all five datasets."""
+    """The repo's own config (the demo `make run` builds) passes validation and plans all six datasets."""
     from betonbuild.config.load import load_config_file
 
     datasets = load_config_file(REPO / "config/config.yaml").datasets
-    assert set(datasets) == {"digits", "photos", "faces", "wine", "photo_shards"}
+    assert set(datasets) == {"digits", "photos", "faces", "wine", "photo_shards", "gray_tokens"}
     types = {f.type for spec in datasets.values() for f in spec.fields}
-    assert types >= {"ndarray", "int", "rgb_image", "json"}
+    assert types >= {"ndarray", "int", "rgb_image", "json", "gray_image", "int_list", "text"}
 
 
 def test_editing_verify_settings_reruns_only_the_verifications(built):

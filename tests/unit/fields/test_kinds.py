@@ -48,7 +48,15 @@ def fields():
 def test_every_type_the_schema_admits_has_one_kind_and_every_kind_a_type_id_of_the_format_table():
     types = schema()["$defs"]["field"]["properties"]["type"]["enum"]
     assert list(FIELD_KINDS) == types
-    assert {kind.type_id: name for name, kind in FIELD_KINDS.items()} == TYPE_NAMES
+    builtin = {name: kind for name, kind in FIELD_KINDS.items() if name in TYPE_NAMES.values()}
+    assert {kind.type_id: name for name, kind in builtin.items()} == TYPE_NAMES
+    # the kinds betonbuild stores with its own classes are ffcv custom fields
+    assert {name: kind.type_id for name, kind in FIELD_KINDS.items() if name not in builtin} == {
+        "ragged_ndarray": 255,
+        "int_list": 255,
+        "text": 255,
+        "gray_image": 255,
+    }
     assert all(isinstance(kind, FieldKind) and field_kind(name) is kind for name, kind in FIELD_KINDS.items())
 
 
@@ -141,6 +149,10 @@ def test_seconds_per_sample_of_each_kind():
         "bytes": 0.002,
         "json": 0.002,
         "custom": 0,
+        "ragged_ndarray": 0.0005,
+        "int_list": 0.0005,
+        "text": 0.0005,
+        "gray_image": 0.02,
     }
 
 
@@ -184,6 +196,10 @@ def test_preview_roles_pick_the_contact_sheet_captions_and_plot_panels():
         "ndarray": ("values",),
         "torch_tensor": ("values",),
         "rgb_image": ("image",),
+        "ragged_ndarray": ("histogram",),  # of the elements per sample
+        "int_list": ("histogram",),
+        "text": ("histogram",),  # of the UTF-8 bytes per sample
+        "gray_image": ("image",),
     }
 
 
@@ -197,6 +213,7 @@ def test_each_variable_kind_reports_under_its_check_and_only_bytes_may_be_empty(
     }
     assert checks["custom"] == "custom_fields"
     assert {checks[n] for n in ("rgb_image", "bytes", "json")} == {"variable_fields"}
+    assert {checks[n] for n in ("ragged_ndarray", "int_list", "text", "gray_image")} == {"variable_fields"}
     assert [n for n, f in fields.items() if field_kind(f).allow_empty(f)] == []
     blob = load_config(
         {
@@ -220,7 +237,8 @@ def test_a_custom_field_is_loaded_by_its_own_decoder_and_compared_when_its_class
     kind = field_kind(fields["title"])
     assert kind.loader_pipeline(fields["title"], None, 4) is OWN_DECODER
     assert kind.loader_comparable(fields["title"])  # FixedUTF8Field has decode and from_loader
-    assert kind.custom_allocations and not any(k.custom_allocations for n, k in FIELD_KINDS.items() if n != "custom")
+    # type-255 kinds only: custom and betonbuild's own classes (ragged_ndarray...)
+    assert kind.custom_allocations and not any(k.custom_allocations for k in FIELD_KINDS.values() if k.type_id != 255)
 
 
 def test_importing_the_registry_imports_neither_ffcv_nor_torch_nor_an_image_library():
