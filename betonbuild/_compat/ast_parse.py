@@ -5,9 +5,11 @@ garbage collection inside ``ast.parse`` runs Python finalizers, the GIL can pass
 that parses too; the two share the counter, and one of them fails with ``SystemError: AST
 constructor recursion depth mismatch`` (cpython gh-106905). ffcv's Loader parses its generated
 pipeline code (``ffcv/pipeline/graph.py``) on its own threads while the verification's main thread
-runs, and pytest parses every module it rewrites: in the test suite about one run in five failed
-this way. Holding one re-entrant lock around every ``ast.parse`` removes the overlap (a parse that
-a finalizer starts inside another on the same thread still nests, as it did before).
+runs, and pytest parses every module it rewrites; and a finalizer that fails inside the constructor
+(numba's dispatcher finalizers raise KeyError at collection) leaves the counter wrong on one thread
+alone. After the merges of this round the test suite failed this way in most runs. Every
+``ast.parse`` therefore runs under one re-entrant lock with the garbage collector paused: no
+finalizer, so no Python code and no thread switch, runs inside the AST constructor.
 ``tests/unit/compat/test_ast_parse.py`` reproduces the failure without the lock.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 import threading
 
 from betonbuild._compat import PYTHON, Checked
@@ -23,8 +26,8 @@ CHECKED = (
     Checked(
         PYTHON,
         "3.11",
-        why="ast.parse under one lock: two threads parsing at once fail with 'AST constructor recursion depth "
-        "mismatch' (cpython gh-106905); ffcv's Loader parses on its threads",
+        why="ast.parse under one lock, gc paused: two threads parsing at once fail with 'AST constructor "
+        "recursion depth mismatch' (cpython gh-106905); ffcv's Loader parses on its threads",
     ),
 )
 _LOCK = threading.RLock()
@@ -40,7 +43,13 @@ def install() -> None:
     @functools.wraps(unlocked)
     def parse(*args, **kwargs):
         with _LOCK:
-            return unlocked(*args, **kwargs)
+            collecting = gc.isenabled()
+            gc.disable()  # no finalizer (Python code, a thread switch) runs inside the AST constructor
+            try:
+                return unlocked(*args, **kwargs)
+            finally:
+                if collecting:
+                    gc.enable()
 
     parse.betonbuild_locked = True
     ast.parse = parse

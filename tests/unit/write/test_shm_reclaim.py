@@ -56,6 +56,12 @@ def mapped_shm(pid: int) -> set[str]:
         return {line.split()[-1][len("/dev/shm/") :] for line in fh if " /dev/shm/" in line and "(deleted)" not in line}
 
 
+def zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended but is not reaped yet (state Z in /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -80,9 +86,12 @@ def test_the_shared_memory_of_a_killed_write_is_reclaimed_by_the_next_write(tmp_
         wait_for(lambda: mapped_shm(killed.pid), timeout=30, what="ffcv's shared memory")
         leaked = mapped_shm(killed.pid)
         os.killpg(killed.pid, signal.SIGKILL)  # the writer, its workers and its resource tracker
-        killed.wait(timeout=30)
+        # Not reaped yet: while the writer is a zombie its pid still exists, so no other betonbuild write
+        # running meanwhile (another test's) reclaims the block before it is looked at here.
+        wait_for(lambda: zombie(killed.pid), timeout=30, what="the killed writer to end")
         time.sleep(0.5)
         assert all((SHM / name).exists() for name in leaked), "the kill left ffcv's block behind"
+        killed.wait(timeout=30)
 
         rerun = subprocess.run(
             [sys.executable, str(script), str(target), "50", "0"], cwd=tmp_path, capture_output=True, text=True
