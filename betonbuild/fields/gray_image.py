@@ -15,7 +15,7 @@ from betonbuild.beton.format import IMAGE_MODE_JPEG, IMAGE_MODE_RAW, BetonFile, 
 from betonbuild.config.spec import FieldSpec
 from betonbuild.fields.gray_field import GrayImageField, resized
 from betonbuild.fields.kind import Fail, StoredSample, describe
-from betonbuild.fields.rgb_image import MAX_IMAGE_SIDE, MODE_NAMES, RGBImageKind, digits_above
+from betonbuild.fields.rgb_image import MAX_IMAGE_SIDE, MODE_NAMES, RGBImageKind, check_smart_threshold, digits_above
 from betonbuild.fields.shipped import ShippedKind
 
 GRAY_FIX = "convert it to one channel in the dataset: PIL image.convert('L'), or cv2.cvtColor(a, cv2.COLOR_RGB2GRAY)"
@@ -33,7 +33,8 @@ class GrayImageKind(ShippedKind):
     preview_roles = ("image",)
 
     def normalise(self, where: str, options: dict[str, Any]) -> dict[str, Any]:
-        return RGBImageKind().normalise(where, options)  # the same smart_threshold rule
+        check_smart_threshold(where, options)
+        return options
 
     def check(self, field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
         from PIL import Image

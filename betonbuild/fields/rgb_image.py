@@ -63,6 +63,16 @@ def digits_above(value: float, limit: float) -> str:
     return repr(value)
 
 
+def check_smart_threshold(where: str, options: dict[str, Any]) -> None:
+    """``write_mode: smart`` needs its threshold (the rule of every image kind with ffcv's write modes)."""
+    if options["write_mode"] == "smart" and options["smart_threshold"] is None:
+        raise ConfigError(
+            f"{where}.smart_threshold",
+            "write_mode 'smart' needs smart_threshold (image bytes, height*width*3, above which it is stored "
+            "as JPEG); without it ffcv stores raw and wastes a JPEG encode per image",
+        )
+
+
 class RGBImageKind(FieldKind):
     name = "rgb_image"
     # The field's entry in the config, as JSON Schema (config.load assembles the whole schema)
@@ -103,13 +113,7 @@ class RGBImageKind(FieldKind):
     preview_roles = ("image",)
 
     def normalise(self, where: str, options: dict[str, Any]) -> dict[str, Any]:
-        if options["write_mode"] == "smart" and options["smart_threshold"] is None:
-            raise ConfigError(
-                f"{where}.smart_threshold",
-                "write_mode 'smart' needs smart_threshold (image bytes, height*width*3, above which it is stored "
-                "as JPEG); "
-                "without it ffcv stores raw and wastes a JPEG encode per image",
-            )
+        check_smart_threshold(where, options)
         if options["source_jpeg"] == "keep" and options["write_mode"] != "jpg":
             raise ConfigError(
                 f"{where}.source_jpeg",
