@@ -35,7 +35,7 @@ from betonbuild.workflow.partitions import plan_smoke, rows_digest
 from betonbuild.workflow.skipped import KEPT_FOR_REPRO
 from betonbuild.write.failure import clear_failure, save_failure
 from betonbuild.write.onepass import part_paths, stream_skips, write_parts, write_plan
-from betonbuild.write.skips import record_entry
+from betonbuild.write.skips import TooManyBadSamples, record_entry
 from betonbuild.write.writer import resolve_workers
 
 
@@ -126,8 +126,11 @@ def write_stream(
     # left out and recorded); an exception of the iterable itself has no sample to save (its message
     # names the position) and is never skipped
     records, resumed = write_parts(spec, directory, plan, workers, failed, log, kept)
-    paths = [str(part_paths(directory, r["part"])[0]) for r in records]
+    paths = [str(part_paths(directory, r["part"])[0]) for r in records if r.get("written") != 0]
     skips = stream_skips(spec, records)  # positions in the stream; none beyond the limit
+    if not paths:  # every part's every sample bad (past the smoke gate): never an empty .beton
+        count = sum(r["num_samples"] for r in records)
+        raise TooManyBadSamples(spec.name, skips, spec.bad_samples.limit(count), count, "full", count)
     merged = merge_betons(paths, beton_path, custom_handlers=custom_handlers(spec))
     count = sum(r["num_samples"] for r in records)  # the samples the stream yielded; the file: minus skips
     record = {

@@ -38,7 +38,7 @@ from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import SampleError, SourceError
 from betonbuild.provenance import ffcv_build
 from betonbuild.sources.iterable import IterableSource, chained_digest, iterate, sample_digest, starts_itself
-from betonbuild.write.skips import SkipLimit, SkippedSample, TooManyBadSamples, from_record
+from betonbuild.write.skips import SkipLimit, SkippedSample, TooManyBadSamples, from_record, record_entry
 from betonbuild.write.writer import write_beton
 
 PLAN_SKIPS_SOURCE_KEYS = ("length",)  # a check, not content: fixing it must not rewrite the parts
@@ -89,7 +89,7 @@ def finished_parts(parts_dir: str | os.PathLike, plan: str, skip: bool = False) 
         try:
             with open(record_path) as fh:
                 record = json.load(fh)
-            size = beton.stat().st_size
+            size = None if record.get("written") == 0 else beton.stat().st_size  # every sample bad: no file
         except (OSError, ValueError):
             return records
         expected_start = sum(r["num_samples"] for r in records)
@@ -172,12 +172,14 @@ def write_parts(
                 skip=_part_limit(spec, index, len(samples), position + len(samples), len(earlier)),
             )
         except SampleError as exc:
-            error = _with_earlier(spec, exc, earlier, position + len(samples))
-            if failed is not None:
-                failed(part, error)
-            if error is exc:
-                raise
-            raise error from exc
+            written = _all_bad_part(spec, exc, len(samples), len(earlier), position + len(samples), workers)
+            if written is None:
+                error = _with_earlier(spec, exc, earlier, position + len(samples))
+                if failed is not None:
+                    failed(part, error)
+                if error is exc:
+                    raise
+                raise error from exc
         record = {
             "dataset": spec.name,
             "part": index,
@@ -186,7 +188,7 @@ def write_parts(
             "samples_sha256": chained_digest(digests),
             "final": final,
             "plan": plan,
-            "bytes": beton.stat().st_size,
+            "bytes": beton.stat().st_size if written["num_samples"] else None,
             "seconds": written["seconds"],
             "num_workers": written["num_workers"],
             "provenance": ffcv_build(),
@@ -209,6 +211,21 @@ def _part_limit(spec: DatasetSpec, index: int, rows: int, read: int, earlier: in
         return None
     of = spec.source.get("length") or read
     return SkipLimit(spec.name, max(0, policy.limit(of) - earlier), rows, f"part {index}", of)
+
+
+def _all_bad_part(
+    spec: DatasetSpec, exc: SampleError, rows: int, earlier: int, read: int, workers: int
+) -> dict[str, Any] | None:
+    """The record of a part whose every sample is bad, when the stream's skips stay within ``max``:
+    a write leaves no file then (never an empty .beton), but the stream goes on (e.g. a last part of
+    one bad sample); the merge leaves the part out. None for any other failure."""
+    if not isinstance(exc, TooManyBadSamples) or len(exc.skipped) != rows:
+        return None
+    of = spec.source.get("length") or read
+    if earlier + rows > spec.bad_samples.limit(of):
+        return None
+    limit = _part_limit(spec, 0, rows, read, earlier)
+    return {"num_samples": 0, "seconds": 0.0, "num_workers": workers, "skipped": record_entry(exc.skipped, limit.limit)}
 
 
 def stream_skips(spec: DatasetSpec, records: list[dict[str, Any]]) -> list[SkippedSample]:

@@ -40,6 +40,11 @@ def with_bad(n=25):
         if i == fail_at:
             raise RuntimeError("connection reset")
         yield np.full(4, i, dtype=np.float64 if i in BAD else np.float32), i
+
+
+def last_bad(n=21):  # the last part holds one sample, and it is bad
+    for i in range(n):
+        yield np.full(4, i, dtype=np.float64 if i == n - 1 else np.float32), i
 """
 
 
@@ -52,9 +57,9 @@ def workdir(tmp_path: Path, monkeypatch):
     sys.modules.pop("it_skips", None)
 
 
-def make_spec(max_=5, policy="skip", **source):
+def make_spec(max_=5, policy="skip", factory="it_skips:with_bad", **source):
     entry = {
-        "source": {"kind": "iterable", "factory": "it_skips:with_bad", **source},
+        "source": {"kind": "iterable", "factory": factory, **source},
         "fields": FIELDS,
         "smoke": {"samples": 4},
         "samples_per_partition": 10,
@@ -174,3 +179,17 @@ def test_a_fraction_max_needs_the_length_and_says_why():
     assert "datasets.it.bad_samples.max" in str(caught.value) and "source.length" in str(caught.value)
     assert make_spec(max_=0.2, length=25).bad_samples.limit(25) == 5
     assert make_spec(max_=0).bad_samples.limit(1) == 0  # a count of 0 needs no length
+
+
+def test_a_last_part_whose_every_sample_is_bad_leaves_no_file_and_the_rest_verifies(workdir: Path):
+    d = workdir / "results" / "it"
+    spec = make_spec(factory="it_skips:last_bad")
+    assert run_stages(spec, d)["ok"]
+    last = json.loads((d / "parts" / "2.write.json").read_text())
+    assert (last["num_samples"], last["written"], last["skipped"]["count"]) == (1, 0, 1)
+    assert not (d / "parts" / "2.beton").exists()
+    assert stored_labels(str(d / "it.beton")) == list(range(20))
+    build(spec, *(paths(d)[k] for k in ("manifest", "beton", "record")), threads=2)  # every part reused
+    record = json.loads((d / "it.write.json").read_text())
+    assert record["stream"]["resumed_parts"] == 3 and [s["index"] for s in record["skipped"]["samples"]] == [20]
+    assert verify_full(spec, d)["ok"]
