@@ -18,6 +18,7 @@ from betonbuild.config.load import load_config
 from betonbuild.errors import ConfigError, SampleError, VerificationError
 from betonbuild.fields import field_kind
 from betonbuild.workflow.stages import build, make_source_manifest, verify_dataset
+from betonbuild.write.failure import replay
 from betonbuild.write.skips import TooManyBadSamples
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -84,6 +85,16 @@ def run_stages(spec, d: Path, verify: bool = True) -> dict:
     p = paths(d)
     make_source_manifest(spec, p["manifest"], smoke_path=str(d / "smoke.json"))
     build(spec, p["manifest"], str(d / "smoke.beton"), str(d / "smoke.write.json"), smoke=True)
+    smoke = verify_dataset(
+        spec,
+        p["manifest"],
+        str(d / "smoke.beton"),
+        str(d / "smoke.write.json"),
+        str(d / "sv.json"),
+        p["failed"],
+        smoke=True,
+    )
+    assert smoke["ok"], smoke
     build(spec, p["manifest"], p["beton"], p["record"], threads=2)
     return verify_full(spec, d) if verify else {}
 
@@ -107,6 +118,8 @@ def test_bad_samples_of_every_part_are_skipped_recorded_and_verified(workdir: Pa
     assert report["ok"], report
     assert report["skipped"]["count"] == 3 and report["num_samples"] == {"expected": 22, "found": 22, "planned": 25}
     assert stored_labels(str(d / "it.beton")) == [i for i in range(25) if i not in BAD]
+    smoke = json.loads((d / "sv.json").read_text())  # the smoke gate skipped sample 3 of its first 4
+    assert smoke["skipped"]["count"] == 1 and smoke["num_samples"]["found"] == 3
     record = json.loads((d / "it.write.json").read_text())
     assert record["num_samples"] == 22 and record["stream"]["count"] == 25
     assert [(s["position"], s["index"], s["field"]) for s in record["skipped"]["samples"]] == [(i, i, "x") for i in BAD]
@@ -118,6 +131,8 @@ def test_bad_samples_of_every_part_are_skipped_recorded_and_verified(workdir: Pa
     assert listed["count"] == 3 and listed["written"] == 22 and listed["by_field"] == {"x": 3}
     assert all("float64" in s["message"] for s in listed["samples"])
     assert len(listed["repro"]) == 3 and all((d / "skipped" / str(i) / "failure.json").is_file() for i in BAD)
+    with pytest.raises(SampleError, match="dtype float64 does not match"):  # betonbuild repro replays it
+        replay(d / "skipped" / "15")
 
 
 def test_a_tampered_record_fails_verification(workdir: Path):
