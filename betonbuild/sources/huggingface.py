@@ -85,6 +85,10 @@ class HuggingFaceSource(RowGroupSource):
             )
         self._index_files(counts, groups)
         self._start()
+        if not spec.bad_samples.skip:  # under skip, a null row is a bad sample of its own (its read raises)
+            self._check_nulls()
+
+    def _check_nulls(self) -> None:
         for group, batch in enumerate(self.batches):  # null counts are in the batches' headers: free to ask
             for plan in self.plans:
                 if plan.role in NULL_CHECKED_ROLES and batch.column(plan.top).null_count + _child_nulls(batch, plan):

@@ -98,6 +98,14 @@ class IterableSource(Source):
                 "an iterable source's length is unknown before it is read, so it cannot be cut into a "
                 "number of parts; give samples_per_partition instead",
             )
+        policy = spec.bad_samples
+        if policy.skip and 0 < policy.max < 1 and spec.source.get("length") is None:
+            raise ConfigError(
+                f"datasets.{spec.name}.bad_samples.max",
+                f"is a fraction ({policy.max}) of the samples, but an iterable source's count is known only once "
+                "it has been read to its end, so the write could not stop at the first bad sample beyond it; "
+                "give a count (e.g. max: 100) or give source.length",
+            )
 
     @classmethod
     def adapter_references(cls, spec: DatasetSpec) -> list[str]:

@@ -9,7 +9,9 @@ of whole row groups (``shard_counts``), read by one worker per row group (``work
 
 Nulls are found from the footer's statistics when the source opens (the rows named by decoding
 just that column chunk), so a null stops the build at its first job; a list whose length does
-not fit an ``ndarray`` field, or bytes that do not decode, when its row group is read.
+not fit an ``ndarray`` field, or bytes that do not decode, when its row group is read. Under
+``bad_samples: {policy: skip}`` the open-time null check is left out: a null row's own read raises
+(a SampleError naming field and row), so the write skips and records it like any bad sample.
 Fingerprints: every file's sha256, cached beside the manifest by path, size, mtime and inode
 (``.parquet-cache.json``), so one changed file of many is read again alone. pyarrow is imported
 by the functions that read: the DAG lists the files (``input_files``) without it.
@@ -82,8 +84,9 @@ class ParquetSource(RowGroupSource):
             footers.append(metadata)
         self._index_files(counts, self.groups)
         self._start()
-        for number, metadata in enumerate(footers):
-            check_nulls_from_statistics(self, number, metadata)
+        if not spec.bad_samples.skip:  # under skip, a null row is a bad sample of its own (read fails)
+            for number, metadata in enumerate(footers):
+                check_nulls_from_statistics(self, number, metadata)
 
     def _check_same_types(self, path: str, schema) -> None:
         for plan in self.plans:

@@ -169,19 +169,31 @@ class FixedColumn:
         self._lock = threading.Lock()
         self._cache: dict[int, np.ndarray] = {}  # the last two row groups (verification's threads)
 
-    def _group(self, group: int) -> np.ndarray:
+    def _group(self, group: int) -> tuple[Column, np.ndarray | None]:
+        """The row group's decoded column and, when no row of it has a problem, all its values at once."""
         with self._lock:
             found = self._cache.get(group)
         if found is None:
             column = self.source.decoded(group, [self.plan])[0]
-            if column.problems:
-                raise_first_problem(self.source, group, self.plan, column)
-            found = column.array()
+            found = (column, None if column.problems else column.array())
             with self._lock:
                 if len(self._cache) >= 2:
                     self._cache.pop(next(iter(self._cache)))
                 self._cache[group] = found
         return found
+
+    def _values(self, group: int, local: np.ndarray) -> np.ndarray:
+        """The values of rows ``local`` of a row group. A row group with a problem row (kept by
+        ``bad_samples: skip``, which then leaves that row out) gives its other rows one by one; a
+        problem row asked for is raised."""
+        column, whole = self._group(group)
+        if whole is not None:
+            return whole[local]
+        asked = [int(i) for i in local.tolist()]
+        bad = [i for i in asked if i in column.problems]
+        if bad:
+            raise_first_problem(self.source, group, self.plan, column, row=bad[0])
+        return np.stack([np.asarray(column.value(i)) for i in asked])
 
     def __getitem__(self, indices) -> np.ndarray:
         indices = np.atleast_1d(np.asarray(indices, dtype=np.int64))
@@ -189,7 +201,7 @@ class FixedColumn:
         parts, order = [], np.argsort(groups, kind="stable")
         for group in np.unique(groups):
             mine = order[groups[order] == group]
-            parts.append((mine, self._group(int(group))[indices[mine] - self.source.offsets[group]]))
+            parts.append((mine, self._values(int(group), indices[mine] - self.source.offsets[group])))
         if not parts:
             return np.zeros(0)
         out = np.empty((len(indices), *parts[0][1].shape[1:]), dtype=parts[0][1].dtype)
@@ -208,12 +220,15 @@ def check_in_order(where: str, writer: dict[str, Any]) -> None:
         )
 
 
-def raise_first_problem(source: RowGroupSource, group: int, plan: ColumnPlan, column: Column | None = None) -> None:
-    """The first row of a row group that cannot be a value of the plan's field (a null, a list of
-    another length), as a SampleError; ``column``: the plan's column of that row group, if decoded."""
+def raise_first_problem(
+    source: RowGroupSource, group: int, plan: ColumnPlan, column: Column | None = None, row: int | None = None
+) -> None:
+    """The first row of a row group (or row ``row``) that cannot be a value of the plan's field (a
+    null, a list of another length), as a SampleError; ``column``: the plan's column of that row
+    group, if decoded."""
     column = column or source.decoded(group, [plan])[0]
     if column.problems:
-        row = min(column.problems)
+        row = min(column.problems) if row is None else row
         raise SampleError(
             source.spec.name,
             plan.field.name,

@@ -30,9 +30,12 @@ from betonbuild.errors import SampleError, SourceError
 from betonbuild.fields.custom import custom_handlers
 from betonbuild.sources import open_source, source_fingerprint
 from betonbuild.sources.iterable import IterableSource, iterate, starts_itself
+from betonbuild.workflow import skipped
 from betonbuild.workflow.partitions import plan_smoke, rows_digest
+from betonbuild.workflow.skipped import KEPT_FOR_REPRO
 from betonbuild.write.failure import clear_failure, save_failure
-from betonbuild.write.onepass import part_paths, write_parts, write_plan
+from betonbuild.write.onepass import part_paths, stream_skips, write_parts, write_plan
+from betonbuild.write.skips import TooManyBadSamples, record_entry
 from betonbuild.write.writer import resolve_workers
 
 
@@ -113,16 +116,27 @@ def write_stream(
         saved = save_failure(failure_dir, spec, samples, exc, "full", started)
         exc.args = (f"{exc}\nThe failing sample is saved in {saved}; replay it with: betonbuild repro {saved}",)
 
-    # A sample the contract or ffcv's encode refuses is saved for `betonbuild repro`; an exception of
-    # the iterable itself has no sample to save (its message names the position)
-    records, resumed = write_parts(spec, directory, plan, workers, failed, log)
-    paths = [str(part_paths(directory, r["part"])[0]) for r in records]
+    def kept(samples, skips: list, earlier: int) -> None:  # under skip: the first few, for `betonbuild repro`
+        rows = np.arange(samples.start, len(samples), dtype=np.int64)
+        skipped.keep_for_repro(
+            spec, samples, failure_dir.parent, skips[: max(0, KEPT_FOR_REPRO - earlier)], "full", rows
+        )
+
+    # A sample the contract or ffcv's encode refuses is saved for `betonbuild repro` (or, under skip,
+    # left out and recorded); an exception of the iterable itself has no sample to save (its message
+    # names the position) and is never skipped
+    records, resumed = write_parts(spec, directory, plan, workers, failed, log, kept)
+    paths = [str(part_paths(directory, r["part"])[0]) for r in records if r.get("written") != 0]
+    skips = stream_skips(spec, records)  # positions in the stream; none beyond the limit
+    if not paths:  # every part's every sample bad (past the smoke gate): never an empty .beton
+        count = sum(r["num_samples"] for r in records)
+        raise TooManyBadSamples(spec.name, skips, spec.bad_samples.limit(count), count, "full", count)
     merged = merge_betons(paths, beton_path, custom_handlers=custom_handlers(spec))
-    count = merged["num_samples"]
+    count = sum(r["num_samples"] for r in records)  # the samples the stream yielded; the file: minus skips
     record = {
         "dataset": spec.name,
         "stage": "full",
-        "num_samples": count,
+        "num_samples": merged["num_samples"],
         "num_workers": workers,
         "page_size": spec.writer.page_size,
         "chunksize": spec.writer.chunksize,
@@ -135,13 +149,16 @@ def write_stream(
         "merge": {k: v for k, v in merged.items() if k != "parts"},
         "stream": {"count": count, "parts": len(records), "resumed_parts": resumed},
     }
+    if spec.bad_samples.skip:
+        record["skipped"] = record_entry(skips, spec.bad_samples.limit(spec.source.get("length") or count))
     write_json(record_path, record)
     clear_failure(failure_dir)
+    skipped.publish(spec, failure_dir.parent, record, count)
     if not spec.partitions.keep_parts:
         shutil.rmtree(directory, ignore_errors=True)
     print(
-        f"{spec.name}: {count} samples found, written in {len(records)} part(s) ({resumed} finished by an "
-        f"earlier run) and merged in {merged['seconds']:.2f} s",
+        f"{spec.name}: {count} samples found{f', {len(skips)} bad ones skipped' if skips else ''}, written in "
+        f"{len(records)} part(s) ({resumed} finished by an earlier run) and merged in {merged['seconds']:.2f} s",
         file=log,
         flush=True,
     )
@@ -198,9 +215,11 @@ class StreamSource:
 
 
 def stream_for_verify(spec: DatasetSpec, record_path: str) -> tuple[StreamSource, np.ndarray]:
-    """The second iteration and the rows (0..count-1) the full file must hold."""
+    """The second iteration and the stream positions (0..count-1) the write read: the full file holds
+    them but for the skipped ones its record lists (``verify_beton(skipped=...)`` leaves those out)."""
     with open(record_path) as fh:
-        count = int(json.load(fh)["num_samples"])
+        record = json.load(fh)
+    count = int((record.get("stream") or {}).get("count", record["num_samples"]))
     return StreamSource(spec, count), np.arange(count, dtype=np.int64)
 
 
@@ -209,9 +228,10 @@ def finish_verify(report: dict[str, Any], source: StreamSource) -> None:
     extra = source.extra_sample()
     ok = not extra and source.ended_at is None
     detail = (
-        f"the second iteration yielded the {source.count} samples written, and no more"
+        f"the second iteration yielded the {source.count} samples the write read, and no more"
         if ok
-        else f"the second iteration yielded {'more' if extra else 'fewer'} than the {source.count} samples written"
+        else f"the second iteration yielded {'more' if extra else 'fewer'} than the {source.count} samples the "
+        "write read"
     )
     report["checks"].append({"name": "stream_length", "ok": ok, "detail": detail})
     if not ok:

@@ -28,10 +28,13 @@ KEPT_FOR_REPRO = 3
 
 def write_limit(spec: DatasetSpec, rows: int, total: int, stage: str) -> SkipLimit | None:
     """The write's limit: ``bad_samples.max`` of the dataset's ``total`` samples (a part's too: the
-    merge checks the parts' sum), the smoke stage's share of it; None under ``fail``."""
+    merge checks the parts' sum), the smoke stage's share of it; None under ``fail``. ``total`` None
+    (an iterable source of unknown length): the smoke stage's own ``rows`` stand for it."""
     policy = spec.bad_samples
     if not policy.skip:
         return None
+    if total is None:  # an iterable of unknown length (its max is then a count): the smoke samples alone
+        total = rows
     if stage == "smoke":
         return SkipLimit(spec.name, policy.smoke_limit(rows, total), rows, stage, rows)
     return SkipLimit(spec.name, policy.limit(total), rows, stage, total)

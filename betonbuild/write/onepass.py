@@ -38,6 +38,7 @@ from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import SampleError, SourceError
 from betonbuild.provenance import ffcv_build
 from betonbuild.sources.iterable import IterableSource, chained_digest, iterate, sample_digest, starts_itself
+from betonbuild.write.skips import SkipLimit, SkippedSample, TooManyBadSamples, from_record, record_entry
 from betonbuild.write.writer import write_beton
 
 PLAN_SKIPS_SOURCE_KEYS = ("length",)  # a check, not content: fixing it must not rewrite the parts
@@ -78,19 +79,23 @@ def write_plan(spec: DatasetSpec, adapters_sha256: str) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def finished_parts(parts_dir: str | os.PathLike, plan: str) -> list[dict[str, Any]]:
-    """The records of the finished parts 0, 1, ... up to the first missing, stale or unfinished one."""
+def finished_parts(parts_dir: str | os.PathLike, plan: str, skip: bool = False) -> list[dict[str, Any]]:
+    """The records of the finished parts 0, 1, ... up to the first missing, stale or unfinished one.
+    A part that left bad samples out is kept only under ``skip`` (``bad_samples`` is not in the plan:
+    a part without skips is the same file under either policy)."""
     records: list[dict[str, Any]] = []
     while True:
         beton, record_path = part_paths(parts_dir, len(records))
         try:
             with open(record_path) as fh:
                 record = json.load(fh)
-            size = beton.stat().st_size
+            size = None if record.get("written") == 0 else beton.stat().st_size  # every sample bad: no file
         except (OSError, ValueError):
             return records
         expected_start = sum(r["num_samples"] for r in records)
         if record.get("plan") != plan or record.get("bytes") != size or record.get("start") != expected_start:
+            return records
+        if not skip and (record.get("skipped") or {}).get("count"):
             return records
         records.append(record)
         if record.get("final"):
@@ -119,17 +124,25 @@ def write_parts(
     workers: int,
     failed: Callable[[PartSamples, SampleError], None] | None = None,
     log=None,
+    kept: Callable[[PartSamples, list[SkippedSample], int], None] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Writes the stream's parts not finished yet; returns every part's record, in order, and how many
-    were finished before (resumed). ``failed(samples, error)`` is told of a bad sample before it is raised."""
+    were finished before (resumed). ``failed(samples, error)`` is told of a bad sample before it is raised.
+
+    Under ``bad_samples: {policy: skip}`` each part leaves its bad samples out (a sample the contract
+    or ffcv's encode refuses; the iterable raising is never skipped) against what ``max`` leaves after
+    the earlier parts' skips, and lists them in its record (positions among its rows, source index =
+    stream position); ``kept(samples, skipped, earlier)`` is told of them while the part's samples are
+    in memory (``earlier``: how many the earlier parts skipped)."""
     log = log or sys.stderr
     Path(parts_dir).mkdir(parents=True, exist_ok=True)
-    records = finished_parts(parts_dir, plan)
+    records = finished_parts(parts_dir, plan, spec.bad_samples.skip)
     resumed = len(records)
     remove_parts_from(parts_dir, resumed)  # stale or unfinished: rewritten
     if records and records[-1].get("final"):
         print(f"{spec.name}: all {resumed} parts were finished by an earlier run", file=log, flush=True)
         check_count(spec, sum(r["num_samples"] for r in records))
+        stream_skips(spec, records)
         return records, resumed
     start = sum(r["num_samples"] for r in records)
     stream = iterate(spec, start)
@@ -146,6 +159,7 @@ def write_parts(
     for index, position, samples, digests, final in _cut(spec, stream, start, size, len(records)):
         beton, record_path = part_paths(parts_dir, index)
         part = PartSamples(position, samples)
+        earlier = stream_skips(spec, records)
         try:
             written = write_beton(
                 spec,
@@ -155,28 +169,91 @@ def write_parts(
                 workers,
                 label=f"{spec.name} (part {index}, samples {position}..{position + len(samples) - 1})",
                 log=log,
+                skip=_part_limit(spec, index, len(samples), position + len(samples), len(earlier)),
             )
         except SampleError as exc:
-            if failed is not None:
-                failed(part, exc)
-            raise
+            written = _all_bad_part(spec, exc, len(samples), len(earlier), position + len(samples), workers)
+            if written is None:
+                error = _with_earlier(spec, exc, earlier, position + len(samples))
+                if failed is not None:
+                    failed(part, error)
+                if error is exc:
+                    raise
+                raise error from exc
         record = {
             "dataset": spec.name,
             "part": index,
             "start": position,
-            "num_samples": len(samples),
+            "num_samples": len(samples),  # samples of the stream the part covers (``written``: rows it holds)
             "samples_sha256": chained_digest(digests),
             "final": final,
             "plan": plan,
-            "bytes": beton.stat().st_size,
+            "bytes": beton.stat().st_size if written["num_samples"] else None,
             "seconds": written["seconds"],
             "num_workers": written["num_workers"],
             "provenance": ffcv_build(),
         }
+        if "skipped" in written:
+            record.update(written=written["num_samples"], skipped=written["skipped"])
+            if kept is not None:
+                kept(part, from_record(written), len(earlier))
         write_json(record_path, record)
         records.append(record)
     check_count(spec, sum(r["num_samples"] for r in records))
     return records, resumed
+
+
+def _part_limit(spec: DatasetSpec, index: int, rows: int, read: int, earlier: int) -> SkipLimit | None:
+    """A part's bound under ``skip``: what ``max`` leaves after the earlier parts' skips (a fraction
+    needs ``source.length``: ``IterableSource.check_spec``), never all of its own rows."""
+    policy = spec.bad_samples
+    if not policy.skip:
+        return None
+    of = spec.source.get("length") or read
+    return SkipLimit(spec.name, max(0, policy.limit(of) - earlier), rows, f"part {index}", of)
+
+
+def _all_bad_part(
+    spec: DatasetSpec, exc: SampleError, rows: int, earlier: int, read: int, workers: int
+) -> dict[str, Any] | None:
+    """The record of a part whose every sample is bad, when the stream's skips stay within ``max``:
+    a write leaves no file then (never an empty .beton), but the stream goes on (e.g. a last part of
+    one bad sample); the merge leaves the part out. None for any other failure."""
+    if not isinstance(exc, TooManyBadSamples) or len(exc.skipped) != rows:
+        return None
+    of = spec.source.get("length") or read
+    if earlier + rows > spec.bad_samples.limit(of):
+        return None
+    limit = _part_limit(spec, 0, rows, read, earlier)
+    return {"num_samples": 0, "seconds": 0.0, "num_workers": workers, "skipped": record_entry(exc.skipped, limit.limit)}
+
+
+def stream_skips(spec: DatasetSpec, records: list[dict[str, Any]]) -> list[SkippedSample]:
+    """The parts' skipped samples, positions in the whole stream; TooManyBadSamples when together
+    they exceed ``bad_samples.max`` (finished parts kept from a run with a higher ``max``)."""
+    everything = [
+        SkippedSample(**{**s.to_dict(), "position": s.position + int(r["start"])})
+        for r in records
+        for s in from_record(r)
+    ]
+    if everything:
+        read = sum(r["num_samples"] for r in records)
+        of = spec.source.get("length") or read
+        SkipLimit(spec.name, spec.bad_samples.limit(of), read + 1, "full", of).check(everything)
+    return everything
+
+
+def _with_earlier(spec: DatasetSpec, exc: SampleError, earlier: list[SkippedSample], read: int) -> SampleError:
+    """A part's TooManyBadSamples with the earlier parts' skips, when together they are beyond ``max``
+    (the part alone may be within what was left: its message would then mislead)."""
+    if not isinstance(exc, TooManyBadSamples) or not earlier:
+        return exc
+    mine = [SkippedSample(**{**s.to_dict(), "position": s.index}) for s in exc.skipped]
+    of = spec.source.get("length") or read
+    limit = spec.bad_samples.limit(of)
+    if len(earlier) + len(mine) <= limit:
+        return exc
+    return TooManyBadSamples(spec.name, earlier + mine, limit, read + 1, "full", of)
 
 
 def _skip_finished(spec: DatasetSpec, stream: Iterator, records: list[dict[str, Any]], parts_dir) -> None:
