@@ -41,6 +41,7 @@ from conftest import BIN, run_snakemake, write_config
 from parquet_samples import NUMERIC_FIELDS, write_numeric
 
 from betonbuild.config.spec import smoke_positions
+from betonbuild.fields import FIELD_KINDS
 
 BETONBUILD = str(BIN / "betonbuild")
 PYTHON = str(BIN / "python")
@@ -908,8 +909,7 @@ CONFIG_ERRORS = {
     ),
     "unknown_field_type": (
         {"fields": {"f": {"type": "string"}}},
-        "datasets.bad.fields.f.type: 'string' is not one of "
-        "['int', 'float', 'ndarray', 'torch_tensor', 'rgb_image', 'bytes', 'json', 'custom']",
+        f"datasets.bad.fields.f.type: 'string' is not one of {list(FIELD_KINDS)}",
     ),
     "big_endian_dtype": (
         {"fields": {"f": {"type": "ndarray", "dtype": ">f4", "shape": [2]}}},

@@ -184,7 +184,9 @@ def test_every_kept_jpeg_reads_through_ffcvs_loader_and_decoders(same_size: Path
     random = _loader_images(tmp_path / "kept.beton", RandomResizedCropRGBImageDecoder((48, 48)))
     assert random.shape == (len(sources), 48, 48, 3)
     for found, expected in zip(random, sources):
-        assert abs(float(found.mean()) - float(expected.mean())) < 40  # a crop of that photo, not noise
+        # A resized crop of that photo, not noise: its values within the photo's range (the crop is random
+        # and unseeded, so a mean comparison failed on a dark corner of a light photo).
+        assert int(expected.min()) - 2 <= int(found.min()) and int(found.max()) <= int(expected.max()) + 2
 
 
 def test_a_truncated_jpeg_is_never_kept_and_names_dataset_field_index_and_file(tmp_path: Path):
