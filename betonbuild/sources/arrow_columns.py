@@ -24,6 +24,7 @@ import numpy as np
 
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import SourceError
+from betonbuild.fields.kept_jpeg import keeps_source_jpeg
 from betonbuild.sources.image_limits import decompression_bomb, is_decompression_bomb
 
 # field type -> what the column must hold (other kinds, e.g. custom or json, take the column's values as they are)
@@ -224,6 +225,8 @@ class Column:
         if role == "binary" and self.plan.field.type not in IMAGE_KINDS:
             return self.encoded(i)
         if role in ("binary", "image"):
+            if keeps_source_jpeg(self.plan.field):  # the bytes themselves: a JPEG that fits is stored unchanged
+                return bytes(self.encoded(i))
             return decode_image(self.encoded(i))
         return self.values[i]
 

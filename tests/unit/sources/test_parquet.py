@@ -315,3 +315,20 @@ def test_a_fixed_column_with_a_bad_row_is_refused_not_filled(tmp_path):
         "column 'tokens' holds 1 elements",
     ):
         column[np.arange(4)]
+
+
+def test_source_jpeg_keep_stores_an_image_columns_jpeg_bytes_unchanged(tmp_path):
+    from betonbuild.beton.format import BetonFile
+
+    table, encoded = image_table(6)
+    pq.write_table(table, tmp_path / "img.parquet", row_group_size=4)
+    fields = {**IMAGE_FIELDS, "image": {**IMAGE_FIELDS["image"], "write_mode": "jpg", "source_jpeg": "keep"}}
+    spec = make_spec(str(tmp_path / "img.parquet"), fields)
+    source = open_source(spec)
+    rows = np.arange(6)
+    record = write_beton(spec, source, rows, tmp_path / "kept.beton", 2, log=open(os.devnull, "w"))
+    assert record["source_jpeg"]["image"]["kept"] == 6
+    beton = BetonFile(str(tmp_path / "kept.beton"))
+    assert [bytes(beton.variable_payload("image", i)) for i in rows] == encoded
+    report = verify_beton(spec, source, rows, str(tmp_path / "kept.beton"), ffcv_build())
+    assert report["ok"], report
