@@ -13,6 +13,19 @@ from betonbuild.errors import SourceError
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # betonbuild/
 
 
+def factory_properties(returns: str) -> dict:
+    """The ``factory`` and ``args`` entries of the config schema of a source that calls the user's
+    ``module:function(**args)``; ``returns`` says what the function must return."""
+    return {
+        "factory": {
+            "type": "string",
+            "pattern": "^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+            "description": f"module:function returning {returns}, imported with the working directory on sys.path.",
+        },
+        "args": {"type": "object", "default": {}},
+    }
+
+
 def import_factory(dataset: str, factory: str):
     module_name, attr = factory.split(":")
     ensure_workdir_importable()

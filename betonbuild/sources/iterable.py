@@ -26,7 +26,7 @@ import numpy as np
 
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
-from betonbuild.sources.adapters import import_factory
+from betonbuild.sources.adapters import factory_properties, import_factory
 from betonbuild.sources.base import Source
 
 # The factory parameters, by name, through which it is asked to start at a sample position.
@@ -42,13 +42,7 @@ class IterableSource(Source):
         "required": ["factory"],
         "properties": {
             "kind": {},
-            "factory": {
-                "type": "string",
-                "pattern": "^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
-                "description": "module:function returning an iterable of samples, imported with the "
-                "working directory on sys.path; called again for every iteration.",
-            },
-            "args": {"type": "object", "default": {}},
+            **factory_properties("an iterable of samples (called again for every iteration)"),
             "length": {
                 "type": ["integer", "null"],
                 "minimum": 1,

@@ -7,7 +7,7 @@ from typing import Any
 
 from betonbuild.config.spec import ORDER_BYTES_PER_SAMPLE, DatasetSpec, count_indices
 from betonbuild.errors import SourceError
-from betonbuild.sources.adapters import import_factory
+from betonbuild.sources.adapters import factory_properties, import_factory
 from betonbuild.sources.base import Source
 
 
@@ -19,12 +19,7 @@ class PythonSource(Source):
         "required": ["factory"],
         "properties": {
             "kind": {},
-            "factory": {
-                "type": "string",
-                "pattern": "^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
-                "description": "module:function, imported with the working directory on sys.path.",
-            },
-            "args": {"type": "object", "default": {}},
+            **factory_properties("a map-style dataset (__len__ and __getitem__)"),
         },
     }
     # The user's code may import anything (ffcv, torch): verification then keeps the Loader batch in-process.
