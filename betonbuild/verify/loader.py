@@ -14,6 +14,7 @@ import tempfile
 import numpy as np
 
 from betonbuild._compat.ffcv_loader_memory import lean_os_cache
+from betonbuild._compat.ffcv_numba_cache import cache_compiled_code
 from betonbuild.beton.format import BetonFile
 from betonbuild.config.load import spec_from_dict
 from betonbuild.config.spec import DatasetSpec
@@ -144,6 +145,7 @@ def check_loader_batch(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str]:
     from ffcv.loader import Loader, OrderOption
     from ffcv.pipeline import PipelineSpec
 
+    cache_compiled_code()  # the reader and decoders compiled by an earlier Loader process are reused
     n = min(spec.verify["loader_batch"], beton.num_samples)
     pipelines, skipped = {}, []
     for field in spec.fields:

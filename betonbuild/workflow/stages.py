@@ -242,6 +242,28 @@ def _estimated_size(smoke_beton: Path, samples: int) -> int | None:
     return scaled
 
 
+def smoke_and_gate(
+    spec: DatasetSpec,
+    manifest_path: str,
+    beton_path: str,
+    record_path: str,
+    survey_path: str,
+    report_path: str,
+    failed_report_path: str,
+    threads: int | None = None,
+    log=sys.stderr,
+) -> dict[str, Any]:
+    """The smoke stage and its gate in one process: ``build(smoke=True)`` writes smoke.beton (and
+    inspect.json, smoke.write.json), then ``verify_dataset(smoke=True)`` reads it back in full and
+    writes smoke.verify.json, or raises (the full write never starts). One job instead of two:
+    ffcv (torch) is imported once, by the write, and the gate's Loader batch reuses it (~1.5 s of a
+    second process saved). The gate is the same report, with the same checks, as before."""
+    build(spec, manifest_path, beton_path, record_path, threads=1, smoke=True, survey_path=survey_path, log=log)
+    return verify_dataset(
+        spec, manifest_path, beton_path, record_path, report_path, failed_report_path, smoke=True, threads=threads
+    )
+
+
 def merge_parts(
     spec: DatasetSpec,
     manifest_path: str,

@@ -426,7 +426,7 @@ def rerun_only(ds: str, part: int, smoke: bool, shard_list: bool = False) -> set
         ("verify", ds, None),
         ("report_assets", ds, None),
     }
-    jobs |= {("smoke", ds, None), ("verify_smoke", ds, None)} if smoke else set()
+    jobs |= {("smoke", ds, None)} if smoke else set()  # the smoke write and its gate: one job
     return jobs | ({("shard_list", ds, None)} if shard_list else set())
 
 

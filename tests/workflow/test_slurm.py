@@ -21,7 +21,7 @@ from conftest import PROFILES, make_digits_npz, run_betonbuild, run_snakemake, w
 from slurm_cluster import SlurmCluster, unavailable_reason
 
 STATUS = PROFILES["cluster-generic"] / "status.py"
-STAGES = ("source_manifest", "smoke", "verify_smoke", "write", "verify")
+STAGES = ("source_manifest", "smoke", "write", "verify")  # smoke: the smoke write and its gate
 # Status polling fast enough for a test; the profiles keep the plugins' defaults for real clusters.
 FAST_POLLING = ("--seconds-between-status-checks", "1")
 
@@ -171,7 +171,7 @@ def test_a_partitioned_dataset_writes_each_part_as_its_own_cluster_job(slurm, tm
     ids = re.findall(r"Submitted job \d+ with external jobid '(\d+)'", log)
     jobs = completed_jobs(slurm, ids)
     rules = sorted(job["Name"].split("-")[1] for job in jobs.values())
-    stages = ["source_manifest", "smoke", "verify_smoke", "merge", "verify"] + ["write_part", "verify_part"] * 3
+    stages = ["source_manifest", "smoke", "merge", "verify"] + ["write_part", "verify_part"] * 3
     assert rules == sorted(stages), rules
     parts = [job for job in jobs.values() if job["Name"].startswith("smk-write_part-")]
     assert sorted(re.search(r"part=(\d+)", job["Name"]).group(1) for job in parts) == ["0", "1", "2"]

@@ -99,7 +99,7 @@ def all_outputs():
 def stage_benchmarks(wildcards):
     """The benchmark files of the dataset's build stages: the report's timings table."""
     partitioned = wildcards.ds in PARTITIONED
-    stages = ["source_manifest", "smoke", "verify_smoke"]
+    stages = ["source_manifest", "smoke"]
     stages += ["merge"] if partitioned else ["write"]
     stages += ["verify"]
     if needs_shard_list(DATASETS[wildcards.ds]):
@@ -225,6 +225,20 @@ def verify_spec(wildcards):
 
 def smoke_verify_spec(wildcards):
     return rerun.smoke_verify_spec(DATASETS[wildcards.ds])
+
+
+def smoke_gate_mem_mb(wildcards, input, attempt):
+    """The smoke job writes, then verifies, in one process: the larger of the two."""
+    return max(
+        smoke_mem_mb(wildcards, input, attempt),
+        verify_smoke_mem_mb(wildcards, input, attempt),
+    )
+
+
+def smoke_gate_runtime(wildcards, input, attempt):
+    return smoke_runtime(wildcards, input, attempt) + verify_smoke_runtime(
+        wildcards, input, attempt
+    )
 
 
 def part_verify_spec(wildcards):
