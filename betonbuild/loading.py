@@ -14,7 +14,8 @@ The file names the class of each (``betonbuild.fields.shipped.MAGIC``), so one c
 ``loader_pipelines`` adds the outputs that make the padded batches exact, after the file's fields:
 ``<name>_shape`` (ragged_ndarray, gray_image: height and width), ``<name>_len`` (int_list, text,
 and ffcv's own ``bytes`` fields, whose BytesDecoder pads every item to the batch's largest).
-``unpad`` and ``texts`` turn a batch back into the samples.
+``unpad`` and ``texts`` turn a batch back into the samples. ``loader_pipelines`` also makes an error
+in ffcv's batch thread raise in the loop (``betonbuild._compat.ffcv_epoch_errors``) instead of hanging it.
 """
 
 from __future__ import annotations
@@ -75,8 +76,10 @@ def loader_pipelines(path: str | os.PathLike) -> dict:
     from ffcv.pipeline import PipelineSpec  # why local: ffcv imports torch
     from ffcv.transforms import ToTensor
 
+    from betonbuild._compat.ffcv_epoch_errors import install  # why local: it imports ffcv's loader
     from betonbuild.fields import decoders  # why local: it imports ffcv
 
+    install()  # an error in the Loader's batch thread is raised in the training loop, not a hang
     handlers = loader_fields(path)
     pipelines = {}
     for name, type_id, arguments in _descriptors(path):

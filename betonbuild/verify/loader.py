@@ -13,6 +13,7 @@ import tempfile
 
 import numpy as np
 
+from betonbuild._compat.ffcv_epoch_errors import install as raise_loader_thread_errors
 from betonbuild._compat.ffcv_loader_memory import lean_os_cache
 from betonbuild._compat.ffcv_numba_cache import cache_compiled_code
 from betonbuild.beton.format import BetonFile
@@ -145,6 +146,7 @@ def check_loader_batch(beton: BetonFile, spec: DatasetSpec) -> tuple[bool, str]:
     from ffcv.loader import Loader, OrderOption
     from ffcv.pipeline import PipelineSpec
 
+    raise_loader_thread_errors()  # a failing batch thread raises here instead of hanging the check
     cache_compiled_code()  # the reader and decoders compiled by an earlier Loader process are reused
     n = min(spec.verify["loader_batch"], beton.num_samples)
     pipelines, skipped = {}, []
