@@ -91,15 +91,30 @@ def _cached_compile(cls, code, signature=None):
         return code
     parallel = bool(getattr(code, "is_parallel", False)) and cls.num_threads > 1
     dispatcher = njit(fastmath=True, nogil=True, error_model="numpy", parallel=parallel)(code)
-    try:
-        dispatcher._cache = OwnDirectoryCache(code)
-    except RuntimeError:  # "cannot cache function ...: no locator available" (e.g. generated code)
-        pass
+    if _closure_pickles(code):
+        try:
+            dispatcher._cache = OwnDirectoryCache(code)
+        except RuntimeError:  # "cannot cache function ...: no locator available" (e.g. generated code)
+            pass
     if signature is not None:  # as numba's jit(signature) does
         with typeinfer.register_dispatcher(dispatcher):
             dispatcher.compile(signature)
         dispatcher.disable_compile()
     return dispatcher
+
+
+def _closure_pickles(code) -> bool:
+    """Whether numba can key a cache entry on ``code``'s closure: its index key is the pickled closure
+    values, and a value holding ctypes pointers (gray_image's tjDecompress2 prototype, or a compiled
+    function that closes over one) raises "ctypes objects containing pointers cannot be pickled"
+    in the Loader's batch thread. Such code is compiled uncached, as ffcv compiles it."""
+    from numba.core.serialize import dumps
+
+    try:
+        dumps(tuple(cell.cell_contents for cell in code.__closure__ or ()))
+    except Exception:  # noqa: BLE001 -- pickling raises ValueError, TypeError, PicklingError, ...: all mean no
+        return False
+    return True
 
 
 def _writable(directory: Path) -> bool:

@@ -105,3 +105,35 @@ def test_an_unwritable_directory_leaves_ffcv_as_it_is(beton, tmp_path):
     result = run(READ, str(beton), env={"BETONBUILD_NUMBA_CACHE": str(blocker / "cache")})
     assert result["cached"] is False and result["patched"] is False
     assert result["labels"] == list(range(12))
+
+
+# Compiled code closing over a ctypes function (as gray_image's decoder closes over tjDecompress2).
+CTYPES_CLOSURE = """
+import ctypes, json
+import betonbuild
+from betonbuild._compat.ffcv_numba_cache import cache_compiled_code
+from ffcv.pipeline.compiler import Compiler
+
+cached = cache_compiled_code()
+
+def make():
+    c_abs = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(("abs", ctypes.CDLL(None)))  # a closure value
+
+    def absolute(x):
+        return c_abs(x)
+    return absolute
+
+print(json.dumps({"cached": cached, "value": Compiler.compile(make())(-5)}))
+"""
+
+
+def test_code_closing_over_ctypes_pointers_is_compiled_uncached(tmp_path):
+    # numba keys a cache entry on the pickled closure; a ctypes pointer cannot be pickled, which
+    # failed ffcv's batch thread (and hung the Loader) before such code was left uncached
+    # the code is a file: numba caches only functions whose source file it can locate
+    script, cache = tmp_path / "closure.py", tmp_path / "cache"
+    script.write_text(CTYPES_CLOSURE)
+    for _ in range(2):
+        result = run(f"import runpy; runpy.run_path({str(script)!r})", env={"BETONBUILD_NUMBA_CACHE": str(cache)})
+        assert result == {"cached": True, "value": 5}
+    assert not [p.name for p in cache.rglob("*absolute*")]
