@@ -29,7 +29,7 @@ from betonbuild.sources.folder_listing import write_listing
 from betonbuild.sources.image_folder import ImageFolderSource
 from betonbuild.sources.shards import shard_list
 from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
-from betonbuild.workflow import onepass, skipped
+from betonbuild.workflow import onepass, skipped, smoke_copy
 from betonbuild.workflow.partitions import (
     partition_bounds,
     parts_digest,
@@ -182,6 +182,11 @@ def build(
     # results/{ds}/failure/ (a part's file is in results/{ds}/parts/)
     failure_dir = Path(beton_path).parents[0 if part is None else 1] / "failure"
     stage = "smoke" if smoke else "full" if part is None else f"part {part}"
+    if not smoke and part is None and (smoke_record := smoke_copy.smoke_record_for(spec, dataset_dir, rows)):
+        record = smoke_copy.copy_smoke_file(dataset_dir, beton_path, smoke_record)
+        clear_failure(failure_dir)
+        write_json(record_path, record)
+        return record
     with open(manifest_path) as fh:
         skip = skipped.write_limit(spec, len(rows), json.load(fh)["num_samples"], stage)
     try:
@@ -356,6 +361,10 @@ def verify_dataset(
     ``verify.start_loader_process(spec)`` the caller started earlier (else it starts here); it
     imports ffcv in its own process meanwhile, for the Loader batch.
     """
+    if not smoke and part is None and (reused := _gate_report(spec, manifest_path, beton_path, record_path)):
+        if loader is not None:
+            loader.close()
+        return _publish_report(reused, report_path, failed_report_path)
     loader = loader or start_loader_process(spec, threads or 1)  # it imports ffcv while the source is opened
     streamed = source_class(spec).one_pass and not smoke
     try:
@@ -408,8 +417,31 @@ def verify_dataset(
             f"dataset '{spec.name}': verification of {beton_path} failed: {report['worst']} "
             f"(full report kept at {failed_report_path})"
         )
+    return _publish_report(report, report_path, failed_report_path)
+
+
+def _publish_report(report: dict[str, Any], report_path: str, failed_report_path: str) -> dict[str, Any]:
     write_json(report_path, report)
     Path(failed_report_path).unlink(missing_ok=True)  # an earlier failure no longer describes this file
+    return report
+
+
+def _gate_report(spec: DatasetSpec, manifest_path: str, beton_path: str, record_path: str) -> dict[str, Any] | None:
+    """The full report of a file that is the smoke file the gate verified (``smoke_copy``), or None."""
+    with open(record_path) as fh:
+        record = json.load(fh)
+    if record.get("copied_from") is None:
+        return None
+    with open(manifest_path) as fh:
+        manifest = json.load(fh)
+    source = open_source(spec, Path(manifest_path).parent)
+    if record.get("rows_sha256") != rows_digest(rows_to_write(spec, source, manifest_path, smoke=False)):
+        return None
+    report = smoke_copy.gate_report_for(spec, Path(manifest_path).parent, beton_path, record, manifest["num_samples"])
+    if report is not None:
+        report["stage"] = "full"
+        report["write"] = {k: record.get(k) for k in ("num_workers", "page_size", "chunksize", "seconds")}
+        report["source"] = {k: manifest.get(k) for k in ("kind", "length", "num_samples", "order_sha256", "inputs")}
     return report
 
 

@@ -55,3 +55,54 @@ def test_a_failing_gate_stops_the_build_before_the_full_write_and_a_fix_reruns_i
     assert {c["name"] for c in gate["checks"]} >= {"loader_batch", "same_ffcv_build"}
     assert json.loads((results / "photos.verify.json").read_text())["ok"] is True
     assert not (results / "failed" / "smoke.verify.json").exists(), "a passing gate removes the old failure"
+
+
+def digits(samples: int, smoke: int) -> dict:
+    """The first ``samples`` digits (8x8 uint8 and their labels), a smoke file of up to 2 x ``smoke``."""
+    return {
+        "d": {
+            "source": {"kind": "arrays", "path": "digits.npz", "columns": {"image": "images", "label": "target"}},
+            "fields": {"image": {"type": "ndarray", "dtype": "uint8", "shape": [8, 8]}, "label": {"type": "int"}},
+            "smoke": {"samples": smoke},
+            "writer": {"num_workers": 2, "indices": f"0:{samples}"},
+        }
+    }
+
+
+def test_a_dataset_the_smoke_file_holds_whole_is_that_file_verified_by_the_gate(tmp_path, digits_npz):
+    # smoke_copy: 10 samples, smoke samples 5 -> the smoke file holds all 10, in the final order
+    write_config(tmp_path, digits(10, 5))
+    run_snakemake(tmp_path, "all")
+    results = tmp_path / "results" / "d"
+    record = json.loads((results / "d.write.json").read_text())
+    assert record["copied_from"] == "smoke.beton" and record["num_workers"] == 1 and record["stage"] == "full"
+    assert (results / "d.beton").read_bytes() == (results / "smoke.beton").read_bytes()
+    report = json.loads((results / "d.verify.json").read_text())
+    gate = json.loads((results / "smoke.verify.json").read_text())
+    assert report["ok"] is True and report["stage"] == "full" and report["num_samples"]["found"] == 10
+    assert report["verified_as"]["report"].endswith("smoke.verify.json")
+    assert report["file"]["sha256"] == gate["file"]["sha256"] and report["checks"] == gate["checks"]
+    assert report["source"]["inputs"], "the full report names the source's inputs as any full report does"
+
+    # a byte changed after the copy: no longer the gate's file, so it is verified in full, and fails
+    from betonbuild.beton.format import BetonFile
+
+    beton = results / "d.beton"
+    data = bytearray(beton.read_bytes())
+    data[int(BetonFile(beton).metadata["image"][3])] ^= 0xFF
+    beton.write_bytes(bytes(data))
+    failed = run_snakemake(tmp_path, "all", check=False)
+    assert failed.returncode != 0
+    worst = json.loads((results / "failed" / "d.verify.json").read_text())["worst"]
+    assert "field 'image': 1 of 10 samples differ" in worst and "first: sample 3" in worst, worst
+    assert not (results / "d.verify.json").exists()
+
+
+def test_a_dataset_larger_than_its_smoke_file_is_written_and_verified_as_usual(tmp_path, digits_npz):
+    write_config(tmp_path, digits(11, 5))  # 11 > 2 x 5
+    run_snakemake(tmp_path, "all")
+    results = tmp_path / "results" / "d"
+    record = json.loads((results / "d.write.json").read_text())
+    assert "copied_from" not in record and record["num_workers"] == 2
+    report = json.loads((results / "d.verify.json").read_text())
+    assert report["ok"] is True and "verified_as" not in report and report["num_samples"]["found"] == 11
