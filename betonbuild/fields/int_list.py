@@ -1,6 +1,7 @@
 """``type: int_list``: a variable-length list of integers per sample (multi-label targets, token or
-id lists), stored exactly. The Loader gives a zero-padded (batch, longest) array and ``<name>_len``,
-or with ``multi_hot: W`` a (batch, W) uint8 vector with a 1 at every listed id."""
+id lists), stored exactly. The Loader gives a (batch, longest) array padded with ``pad_value``
+(default 0) and ``<name>_len``, or with ``multi_hot: W`` a (batch, W) uint8 vector with a 1 at
+every listed id."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ class IntListKind(RaggedKind):
             "dtype": {"type": "string", "default": "int64"},
             "max_elements": MAX_ELEMENTS,
             "multi_hot": {"type": ["integer", "null"], "minimum": 1, "default": None},
+            "pad_value": {
+                "type": "integer",
+                "default": 0,
+                "description": "What fills the padded batch after each list (e.g. -1 or -100, an ignore index).",
+            },
         },
     }
 
@@ -37,11 +43,29 @@ class IntListKind(RaggedKind):
         options["dtype"] = dtype.str
         if options["multi_hot"] is not None and options["multi_hot"] - 1 > np.iinfo(dtype).max:
             raise ConfigError(f"{where}.multi_hot", f"ids up to {options['multi_hot'] - 1} do not fit in {dtype}")
+        pad = options.pop("pad_value")  # kept only when set: the rule params of other fields stay as they were
+        if pad:
+            info = np.iinfo(dtype)
+            if not info.min <= pad <= info.max:
+                raise ConfigError(
+                    f"{where}.pad_value", f"{pad} does not fit in {dtype} ({info.min}..{info.max}): pick another"
+                )
+            if options["multi_hot"] is not None:
+                raise ConfigError(
+                    f"{where}.pad_value", "the multi_hot decoder pads nothing: remove pad_value or multi_hot"
+                )
+            options["pad_value"] = pad
         return options
 
     def class_arguments(self, field: FieldSpec) -> dict[str, Any]:
         o = field.options
-        return {"dtype": o["dtype"], "ndim": 1, "max_elements": o["max_elements"], "multi_hot": o["multi_hot"] or 0}
+        return {
+            "dtype": o["dtype"],
+            "ndim": 1,
+            "max_elements": o["max_elements"],
+            "multi_hot": o["multi_hot"] or 0,
+            "pad_value": o.get("pad_value", 0),
+        }
 
     def check(self, field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
         want = np.dtype(field.options["dtype"])

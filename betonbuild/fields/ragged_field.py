@@ -6,10 +6,11 @@ C-order bytes, little-endian. An empty value allocates one zero byte, its size 0
 allocation would collide with the next one (see ``betonbuild.fields.bytes``), and a pointer that is
 an allocation stays one when ``betonbuild.beton.merge`` shifts the parts' pointers.
 
-The Loader decodes (``betonbuild.fields.decoders``) to a batch padded with zeros to the largest
-shape in the file, and a second output, ``<name>_shape`` (or ``<name>_len``), gives each sample's
-shape so a training loop can unpad: ``betonbuild.loader_pipelines(path)`` adds it. With
-``multi_hot`` (``int_list`` only), the default decoder gives a (batch, multi_hot) uint8 vector instead.
+The Loader decodes (``betonbuild.fields.decoders``) to a batch padded with zeros (``int_list``:
+its ``pad_value``) to the largest shape in the file, and a second output, ``<name>_shape`` (or
+``<name>_len``), gives each sample's shape so a training loop can unpad:
+``betonbuild.loader_pipelines(path)`` adds it. With ``multi_hot`` (``int_list`` only), the
+default decoder gives a (batch, multi_hot) uint8 vector instead.
 
 These classes import nothing of ffcv at module level: the writer and verification use them
 without importing ffcv (torch).
@@ -34,7 +35,15 @@ class RaggedArrayField:
     betonbuild_kind = "ragged_ndarray"
     betonbuild_pointer_columns = ("ptr",)  # betonbuild.beton.merge shifts it when joining parts
 
-    def __init__(self, dtype: str, ndim: int, max_elements: int, max_shape: list | None = None, multi_hot: int = 0):
+    def __init__(
+        self,
+        dtype: str,
+        ndim: int,
+        max_elements: int,
+        max_shape: list | None = None,
+        multi_hot: int = 0,
+        pad_value: int = 0,
+    ):
         self.dtype = np.dtype(dtype)
         if self.dtype.hasobject or self.dtype.fields is not None or self.dtype.subdtype is not None:
             raise ValueError(f"dtype {dtype!r} is not a plain numeric dtype")
@@ -44,6 +53,13 @@ class RaggedArrayField:
             raise ValueError(f"max_shape {max_shape} has {len(max_shape)} dimensions, ndim is {ndim}")
         self.ndim, self.max_elements, self.multi_hot = ndim, int(max_elements), int(multi_hot)
         self.max_shape = None if max_shape is None else [int(s) for s in max_shape]
+        self.pad_value = int(pad_value)
+        if self.pad_value and (self.dtype.kind not in "iu" or not self._fits(self.pad_value)):
+            raise ValueError(f"pad_value {pad_value!r} is not a value of the integer dtype {self.dtype}")
+
+    def _fits(self, value: int) -> bool:
+        info = np.iinfo(self.dtype)
+        return info.min <= value <= info.max
 
     def arguments(self) -> dict[str, Any]:
         args = {"dtype": self.dtype.str, "ndim": self.ndim, "max_elements": self.max_elements}
@@ -51,6 +67,8 @@ class RaggedArrayField:
             args["max_shape"] = self.max_shape
         if self.multi_hot:
             args["multi_hot"] = self.multi_hot
+        if self.pad_value:  # only when set: files without it keep their arguments byte for byte
+            args["pad_value"] = self.pad_value
         return args
 
     @property
@@ -99,7 +117,8 @@ class RaggedArrayField:
         return np.frombuffer(data.tobytes(), dtype=self.dtype).reshape(shape)
 
     def loader_item_equal(self, item: np.ndarray, stored: np.ndarray) -> bool:
-        """Whether a row of the default decoder's batch is ``stored``, zero-padded (or its multi-hot)."""
+        """Whether a row of the default decoder's batch is ``stored``, padded with ``pad_value``
+        (or its multi-hot)."""
         item = np.asarray(item)
         if self.multi_hot:
             want = np.zeros(self.multi_hot, np.uint8)
@@ -109,8 +128,8 @@ class RaggedArrayField:
             return False
         region = tuple(slice(0, s) for s in stored.shape)
         rest = item.copy()
-        rest[region] = 0
-        return np.array_equal(item[region], stored) and not rest.any()
+        rest[region] = self.pad_value
+        return np.array_equal(item[region], stored) and bool((rest == self.pad_value).all())
 
     def get_decoder_class(self):
         from betonbuild.fields import decoders  # why local: it imports ffcv (torch) on first use
