@@ -28,8 +28,13 @@ import numpy as np
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SourceError
 from betonbuild.sources.arrow_columns import decode_column, plan_columns, storage_type
-from betonbuild.sources.files import require_files
-from betonbuild.sources.row_groups import NULL_CHECKED_ROLES, RowGroupSource, check_in_order, raise_first_problem
+from betonbuild.sources.row_groups import (
+    NULL_CHECKED_ROLES,
+    RowGroupSource,
+    check_columns_config,
+    columns_schema,
+    raise_first_problem,
+)
 
 HASH_CACHE = ".huggingface-cache.json"
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
@@ -38,6 +43,7 @@ OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 class HuggingFaceSource(RowGroupSource):
     kind = "huggingface"
     group_word = "record batch"
+    hash_cache = HASH_CACHE
     config_schema = {
         "additionalProperties": False,
         # `path` is required (check_config): not in the schema, where the arrays kind's `path` is optional
@@ -49,23 +55,15 @@ class HuggingFaceSource(RowGroupSource):
                 "default": None,
                 "description": "The split of a saved DatasetDict (a directory with dataset_dict.json).",
             },
-            "columns": {
-                "type": ["object", "null"],
-                "additionalProperties": {"type": "string"},
-                "default": None,
-                "description": "field -> feature (column), a dotted path into structs. Default: the field name.",
-            },
+            "columns": columns_schema("feature (column)"),
         },
     }
 
     def __init__(self, spec: DatasetSpec, cache_dir: str | os.PathLike | None = None):
         import pyarrow as pa
 
-        self.spec = spec
         check_split(spec)
-        self.files = self.input_files(spec)
-        require_files(spec.name, self.files)
-        self.cache_path = Path(cache_dir) / HASH_CACHE if cache_dir is not None else None
+        self._open_files(spec, self.input_files(spec), cache_dir)
         if len(self.files) < 3:  # state.json lists no data file, or is not one: not a saved dataset
             raise not_a_saved_dataset(spec, "its state.json lists no Arrow data files (_data_files)")
         self.batches, counts, groups = [], [], []
@@ -104,11 +102,7 @@ class HuggingFaceSource(RowGroupSource):
     ) -> None:
         if "path" not in source:
             raise ConfigError(f"{where}.path", "is required: the save_to_disk directory to read")
-        names = [f.name for f in fields]
-        unknown = [k for k in (source.get("columns") or {}) if k not in names]
-        if unknown:
-            raise ConfigError(f"{where}.columns", f"names {unknown}, which are not fields {names}")
-        check_in_order(where, writer)
+        check_columns_config(where, source, fields, writer)
 
     @classmethod
     def input_files(cls, spec: DatasetSpec) -> list[str]:
@@ -123,10 +117,6 @@ class HuggingFaceSource(RowGroupSource):
         except (OSError, ValueError, KeyError, TypeError):
             return [str(folder / "state.json")]
         return [str(folder / "state.json"), str(folder / "dataset_info.json"), *data]
-
-    @classmethod
-    def open(cls, spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None) -> HuggingFaceSource:
-        return cls(spec, dataset_dir)
 
     @classmethod
     def missing_package(cls, spec: DatasetSpec) -> bool:

@@ -30,8 +30,13 @@ from typing import Any
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SourceError
 from betonbuild.sources.arrow_columns import plan_columns
-from betonbuild.sources.files import require_files
-from betonbuild.sources.row_groups import NULL_CHECKED_ROLES, RowGroupSource, check_in_order, raise_first_problem
+from betonbuild.sources.row_groups import (
+    NULL_CHECKED_ROLES,
+    RowGroupSource,
+    check_columns_config,
+    columns_schema,
+    raise_first_problem,
+)
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # http:, s3:, hf:, gs: ...
 HASH_CACHE = ".parquet-cache.json"
@@ -39,6 +44,7 @@ HASH_CACHE = ".parquet-cache.json"
 
 class ParquetSource(RowGroupSource):
     kind = "parquet"
+    hash_cache = HASH_CACHE
     config_schema = {
         "additionalProperties": False,
         # `path` is required (check_config): not in the schema, where the arrays kind's `path` is optional
@@ -52,22 +58,14 @@ class ParquetSource(RowGroupSource):
                     "Local .parquet files: a file, a glob, a directory (its *.parquet, recursively), or a list."
                 ),
             },
-            "columns": {
-                "type": ["object", "null"],
-                "additionalProperties": {"type": "string"},
-                "default": None,
-                "description": "field -> column, a dotted path into structs (image.bytes). Default: the field name.",
-            },
+            "columns": columns_schema("column"),
         },
     }
 
     def __init__(self, spec: DatasetSpec, cache_dir: str | os.PathLike | None = None):
         import pyarrow.parquet as pq
 
-        self.spec = spec
-        self.files = expand_paths(spec)
-        require_files(spec.name, self.files)
-        self.cache_path = Path(cache_dir) / HASH_CACHE if cache_dir is not None else None
+        self._open_files(spec, expand_paths(spec), cache_dir)
         counts: list[int] = []
         self.groups: list[tuple[int, int]] = []  # (file, row group in the file) of every row group
         footers = []
@@ -104,25 +102,17 @@ class ParquetSource(RowGroupSource):
     ) -> None:
         if "path" not in source:
             raise ConfigError(f"{where}.path", "is required: the Parquet files to read")
-        names = [f.name for f in fields]
         for pattern in [source["path"]] if isinstance(source["path"], str) else source["path"]:
             if _URL_RE.match(pattern):
                 raise ConfigError(
                     f"{where}.path",
                     f"{pattern!r} is a URL; betonbuild reads local Parquet files only (download them first)",
                 )
-        unknown = [k for k in (source.get("columns") or {}) if k not in names]
-        if unknown:
-            raise ConfigError(f"{where}.columns", f"names {unknown}, which are not fields {names}")
-        check_in_order(where, writer)
+        check_columns_config(where, source, fields, writer)
 
     @classmethod
     def input_files(cls, spec: DatasetSpec) -> list[str]:
         return expand_paths(spec)
-
-    @classmethod
-    def open(cls, spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None) -> ParquetSource:
-        return cls(spec, dataset_dir)
 
     @classmethod
     def missing_package(cls, spec: DatasetSpec) -> bool:
