@@ -370,3 +370,24 @@ def test_columns_are_read_without_importing_pandas_and_equal_pyarrows_own_conver
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(result.stdout) == [True, [True] * 12, 70, 45, 69]
+
+
+def test_sample_sizes_come_from_the_footers_and_the_heaviest_row_groups(tmp_path, two_files):
+    """Bytes per row for the pre-flight's largest samples: the rows' own lengths in the 8 row groups
+    heaviest per row, elsewhere the footer's chunk sizes spread over each row group's rows (scaled)."""
+    rng = np.random.default_rng(5)
+    lengths = [100 + 10 * i + (40 if i % 4 == 1 else 0) for i in range(80)]  # 20 row groups of 4
+    blobs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in lengths]
+    pq.write_table(pa.table({"blob": pa.array(blobs, pa.binary())}), tmp_path / "b.parquet", row_group_size=4)
+    source = open_source(make_spec(str(tmp_path / "b.parquet"), {"blob": {"type": "bytes"}}))
+    sizes = source.sample_sizes()
+    assert sizes[48:].tolist() == lengths[48:]  # row groups 12-19, read
+    for group in range(12):  # estimated: about the mean (page headers, min/max statistics scaled out)
+        mean = np.mean(lengths[4 * group : 4 * group + 4])
+        assert (sizes[4 * group : 4 * group + 4] == sizes[4 * group]).all() and 0.8 * mean < sizes[
+            4 * group
+        ] < 1.2 * mean
+    from betonbuild.write.preflight import largest_rows  # noqa: PLC0415 - the caller, used by this test only
+
+    assert largest_rows(source, np.arange(80)).tolist() == sorted(np.argsort(lengths)[-8:].tolist())
+    assert not open_source(make_spec(str(two_files))).sample_sizes().any()  # no binary column: no size to tell
