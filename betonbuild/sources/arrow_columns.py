@@ -272,8 +272,7 @@ def decode_column(plan: ColumnPlan, chunked) -> Column:
     nulls |= _null_mask(array)
     problems = {int(i): _null_message(plan) for i in np.flatnonzero(nulls)}
     if plan.role == "scalar":
-        values = array.to_numpy(zero_copy_only=False) if not problems else array.fill_null(0).to_numpy()
-        return Column(plan, values, None, problems)
+        return Column(plan, to_numpy(array.fill_null(0) if problems else array), None, problems)
     if plan.role == "list":
         values, offsets = _flat_list(array, problems, plan)
         return Column(plan, values, offsets, problems)
@@ -286,7 +285,23 @@ def decode_column(plan: ColumnPlan, chunked) -> Column:
 def _null_mask(array) -> np.ndarray:
     if array.null_count == 0:
         return np.zeros(len(array), dtype=bool)
-    return array.is_null().to_numpy(zero_copy_only=False)
+    return to_numpy(array.is_null())
+
+
+def to_numpy(array) -> np.ndarray:
+    """A numeric or boolean Arrow array without nulls as numpy, read from its buffers (zero-copy but
+    for booleans). pyarrow's own ``to_numpy`` imports pandas when it is installed (``datasets``
+    needs it): 0.4 s or more in every forked writer worker, more than a small write itself takes."""
+    import pyarrow as pa
+
+    data = array.buffers()[1]
+    if pa.types.is_boolean(array.type):
+        bits = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        return np.unpackbits(bits, bitorder="little")[array.offset : array.offset + len(array)].astype(bool)
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    if data is None or not len(array):
+        return np.zeros(len(array), dtype=dtype)
+    return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
 def _null_message(plan: ColumnPlan) -> str:
@@ -311,7 +326,7 @@ def _flat_list(array, problems: dict[int, str], plan: ColumnPlan) -> tuple[np.nd
             inner = np.arange(len(level) + 1, dtype=np.int64) * level.type.list_size
             child = level.values.slice(level.offset * level.type.list_size, len(level) * level.type.list_size)
         else:
-            raw = level.offsets.to_numpy().astype(np.int64)
+            raw = to_numpy(level.offsets).astype(np.int64)
             inner = raw - raw[0]
             child = level.values.slice(int(raw[0]), int(raw[-1] - raw[0]))
         if child.null_count:  # a null element (or inner list): name the rows it belongs to
@@ -322,7 +337,7 @@ def _flat_list(array, problems: dict[int, str], plan: ColumnPlan) -> tuple[np.nd
                 child = pc.fill_null(child, pa.array([0]).cast(child.type)[0])
         offsets = inner[offsets]
         level = child
-    values = level.to_numpy(zero_copy_only=False)
+    values = to_numpy(level)
     if plan.field.type in ARRAY_KINDS:
         elements = math.prod(plan.field.options["shape"])
         lengths = np.diff(offsets)

@@ -1,4 +1,4 @@
-"""``huggingface``: a directory written by ``datasets``' ``save_to_disk`` (Arrow files), read with
+"""``huggingface``: a directory written by ``datasets``' ``save_to_disk`` (Arrow files), checked with
 ``datasets.load_from_disk`` offline (no network: ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` set).
 
 Features map to fields by name (or ``columns``), under the column rules of ``arrow_columns`` (an
@@ -6,6 +6,13 @@ Features map to fields by name (or ``columns``), under the column rules of ``arr
 ``encoded_image``); the Arrow files' record batches are the row groups (``row_groups``). The
 files tracked and fingerprinted are the split's ``state.json``, ``dataset_info.json`` and the
 data files it lists, found from ``state.json`` without importing ``datasets`` (the DAG does not).
+
+The record batches are read with pyarrow (memory-mapped Arrow IPC streams, the files ``state.json``
+lists, in order), as ``load_from_disk`` itself reads them, so that the write, verify and smoke jobs
+need not import ``datasets`` (0.5 s or more per job). The manifest job, the one caller of
+``inputs_fingerprint``, also loads the split with ``datasets`` and refuses a directory that it reads
+otherwise (a DatasetDict, an indices mapping, features in ``dataset_info.json`` that change the
+Arrow files' column types or their record batches); ``save_to_disk`` writes the indices flattened.
 """
 
 from __future__ import annotations
@@ -20,9 +27,14 @@ import numpy as np
 
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SourceError
-from betonbuild.sources.arrow_columns import decode_column, plan_columns
-from betonbuild.sources.files import require_files
-from betonbuild.sources.row_groups import NULL_CHECKED_ROLES, RowGroupSource, check_in_order, raise_first_problem
+from betonbuild.sources.arrow_columns import decode_column, plan_columns, storage_type
+from betonbuild.sources.row_groups import (
+    NULL_CHECKED_ROLES,
+    RowGroupSource,
+    check_columns_config,
+    columns_schema,
+    raise_first_problem,
+)
 
 HASH_CACHE = ".huggingface-cache.json"
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
@@ -31,6 +43,7 @@ OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 class HuggingFaceSource(RowGroupSource):
     kind = "huggingface"
     group_word = "record batch"
+    hash_cache = HASH_CACHE
     config_schema = {
         "additionalProperties": False,
         # `path` is required (check_config): not in the schema, where the arrays kind's `path` is optional
@@ -42,47 +55,30 @@ class HuggingFaceSource(RowGroupSource):
                 "default": None,
                 "description": "The split of a saved DatasetDict (a directory with dataset_dict.json).",
             },
-            "columns": {
-                "type": ["object", "null"],
-                "additionalProperties": {"type": "string"},
-                "default": None,
-                "description": "field -> feature (column), a dotted path into structs. Default: the field name.",
-            },
+            "columns": columns_schema("feature (column)"),
         },
     }
 
     def __init__(self, spec: DatasetSpec, cache_dir: str | os.PathLike | None = None):
         import pyarrow as pa
 
-        self.spec = spec
         check_split(spec)
-        self.files = self.input_files(spec)
-        require_files(spec.name, self.files)
-        self.cache_path = Path(cache_dir) / HASH_CACHE if cache_dir is not None else None
-        dataset = load_dataset(spec)
-        table = dataset.data.table
+        self._open_files(spec, self.input_files(spec), cache_dir)
+        if len(self.files) < 3:  # state.json lists no data file, or is not one: not a saved dataset
+            raise not_a_saved_dataset(spec, "its state.json lists no Arrow data files (_data_files)")
+        self.batches, counts, groups = [], [], []
+        for number, path in enumerate(self.files[2:], start=2):
+            schema, batches = read_stream(spec.name, path, pa)
+            if number == 2:
+                self.schema = schema
+            elif column_types(schema) != column_types(self.schema):
+                raise not_a_saved_dataset(spec, f"{path} holds other columns than {self.files[2]}")
+            self.batches += batches
+            counts += [batch.num_rows for batch in batches]
+            groups += [(number, in_file) for in_file in range(len(batches))]
         self.plans = plan_columns(
-            spec.name, spec.fields, spec.source.get("columns") or {}, table.schema, f"dataset {split_dir(spec)}"
+            spec.name, spec.fields, spec.source.get("columns") or {}, self.schema, f"dataset {split_dir(spec)}"
         )
-        self.batches = table.to_batches()
-        data_files = self.files[2:]
-        rows_per_file = [count_rows(spec.name, path, pa) for path in data_files]
-        counts, groups = [], []
-        number, seen, in_file = 0, 0, 0
-        for batch in self.batches:  # the record batches of file after file
-            while number < len(rows_per_file) - 1 and seen >= rows_per_file[number]:
-                number, seen, in_file = number + 1, 0, 0
-            groups.append((2 + number, in_file))
-            counts.append(batch.num_rows)
-            seen, in_file = seen + batch.num_rows, in_file + 1
-            if seen > rows_per_file[number]:
-                raise SourceError(spec.name, f"{data_files[number]}: a record batch runs past the file's end")
-        if sum(counts) != sum(rows_per_file):
-            raise SourceError(
-                spec.name,
-                f"{split_dir(spec)}: datasets read {sum(counts)} rows, its files hold {sum(rows_per_file)}; "
-                "save it again with save_to_disk",
-            )
         self._index_files(counts, groups)
         self._start()
         if not spec.bad_samples.skip:  # under skip, a null row is a bad sample of its own (its read raises)
@@ -94,17 +90,19 @@ class HuggingFaceSource(RowGroupSource):
                 if plan.role in NULL_CHECKED_ROLES and batch.column(plan.top).null_count + _child_nulls(batch, plan):
                     raise_first_problem(self, group, plan)
 
+    def inputs_fingerprint(self, read_files: bool = True) -> dict[str, Any]:
+        """The files' digests; first, since only the manifest job asks, the check that ``datasets``
+        reads the directory as the other jobs do (see the module docstring)."""
+        check_with_datasets(self)
+        return super().inputs_fingerprint(read_files)
+
     @classmethod
     def check_config(
         cls, where: str, source: dict[str, Any], fields: tuple[FieldSpec, ...], writer: dict[str, Any]
     ) -> None:
         if "path" not in source:
             raise ConfigError(f"{where}.path", "is required: the save_to_disk directory to read")
-        names = [f.name for f in fields]
-        unknown = [k for k in (source.get("columns") or {}) if k not in names]
-        if unknown:
-            raise ConfigError(f"{where}.columns", f"names {unknown}, which are not fields {names}")
-        check_in_order(where, writer)
+        check_columns_config(where, source, fields, writer)
 
     @classmethod
     def input_files(cls, spec: DatasetSpec) -> list[str]:
@@ -119,10 +117,6 @@ class HuggingFaceSource(RowGroupSource):
         except (OSError, ValueError, KeyError, TypeError):
             return [str(folder / "state.json")]
         return [str(folder / "state.json"), str(folder / "dataset_info.json"), *data]
-
-    @classmethod
-    def open(cls, spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None) -> HuggingFaceSource:
-        return cls(spec, dataset_dir)
 
     @classmethod
     def missing_package(cls, spec: DatasetSpec) -> bool:
@@ -190,15 +184,49 @@ def load_dataset(spec: DatasetSpec):
     return dataset
 
 
-def count_rows(dataset: str, path: str, pa) -> int:
-    """Rows of one Arrow stream file, memory-mapped (no value is read)."""
+def read_stream(dataset: str, path: str, pa) -> tuple[Any, list]:
+    """(schema, record batches) of one Arrow stream file, memory-mapped (no value is read)."""
     try:
-        with pa.memory_map(path) as source:
-            return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
+        reader = pa.ipc.open_stream(pa.memory_map(path))  # the map lives as long as its batches
+        return reader.schema, list(reader)
     except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError: a damaged file
         raise SourceError(
             dataset, f"{path} is not a readable Arrow file (truncated?): {type(exc).__name__}: {exc}; save it again"
         ) from None
+
+
+def column_types(schema) -> list[tuple[str, Any]]:
+    """(name, type) of every column, an extension type (``Array2D``, registered only once ``datasets``
+    is imported) as its storage type."""
+    return [(f.name, storage_type(f.type)) for f in schema]
+
+
+def not_a_saved_dataset(spec: DatasetSpec, why: str) -> SourceError:
+    return SourceError(
+        spec.name,
+        f"{split_dir(spec)} is not a readable datasets directory (written by save_to_disk): {why}; save it again",
+    )
+
+
+def check_with_datasets(source: HuggingFaceSource) -> None:
+    """``load_from_disk`` gives the record batches read directly (column types, rows per batch), or
+    SourceError: ``datasets`` casts the files' columns to ``dataset_info.json``'s features when they
+    differ, which the direct read would not."""
+    spec = source.spec
+    table = load_dataset(spec).data.table
+    theirs, ours = column_types(table.schema), column_types(source.schema)
+    if theirs != ours:
+        raise SourceError(
+            spec.name,
+            f"{split_dir(spec)}: datasets reads the columns {theirs} (its dataset_info.json's features), but the "
+            f"Arrow files hold {ours}; save the dataset again with save_to_disk",
+        )
+    if [b.num_rows for b in table.to_batches()] != np.diff(source.offsets).tolist():
+        raise SourceError(
+            spec.name,
+            f"{split_dir(spec)}: datasets reads {table.num_rows} rows in other record batches than its Arrow files "
+            f"hold ({len(source)} rows); save it again with save_to_disk",
+        )
 
 
 def _child_nulls(batch, plan) -> int:

@@ -27,11 +27,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from betonbuild.config.spec import DatasetSpec, FieldSpec
-from betonbuild.errors import ConfigError, SourceError
+import numpy as np
+
+from betonbuild.config.spec import LARGEST_SAMPLES, DatasetSpec, FieldSpec
+from betonbuild.errors import ConfigError, SampleError, SourceError
 from betonbuild.sources.arrow_columns import plan_columns
-from betonbuild.sources.files import require_files
-from betonbuild.sources.row_groups import NULL_CHECKED_ROLES, RowGroupSource, check_in_order, raise_first_problem
+from betonbuild.sources.row_groups import (
+    NULL_CHECKED_ROLES,
+    RowGroupSource,
+    check_columns_config,
+    columns_schema,
+    raise_first_problem,
+)
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # http:, s3:, hf:, gs: ...
 HASH_CACHE = ".parquet-cache.json"
@@ -39,6 +46,7 @@ HASH_CACHE = ".parquet-cache.json"
 
 class ParquetSource(RowGroupSource):
     kind = "parquet"
+    hash_cache = HASH_CACHE
     config_schema = {
         "additionalProperties": False,
         # `path` is required (check_config): not in the schema, where the arrays kind's `path` is optional
@@ -52,22 +60,14 @@ class ParquetSource(RowGroupSource):
                     "Local .parquet files: a file, a glob, a directory (its *.parquet, recursively), or a list."
                 ),
             },
-            "columns": {
-                "type": ["object", "null"],
-                "additionalProperties": {"type": "string"},
-                "default": None,
-                "description": "field -> column, a dotted path into structs (image.bytes). Default: the field name.",
-            },
+            "columns": columns_schema("column"),
         },
     }
 
     def __init__(self, spec: DatasetSpec, cache_dir: str | os.PathLike | None = None):
         import pyarrow.parquet as pq
 
-        self.spec = spec
-        self.files = expand_paths(spec)
-        require_files(spec.name, self.files)
-        self.cache_path = Path(cache_dir) / HASH_CACHE if cache_dir is not None else None
+        self._open_files(spec, expand_paths(spec), cache_dir)
         counts: list[int] = []
         self.groups: list[tuple[int, int]] = []  # (file, row group in the file) of every row group
         footers = []
@@ -82,6 +82,7 @@ class ParquetSource(RowGroupSource):
             counts += [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
             self.groups += [(number, g) for g in range(metadata.num_row_groups)]
             footers.append(metadata)
+        self.footers = footers
         self._index_files(counts, self.groups)
         self._start()
         if not spec.bad_samples.skip:  # under skip, a null row is a bad sample of its own (read fails)
@@ -104,25 +105,17 @@ class ParquetSource(RowGroupSource):
     ) -> None:
         if "path" not in source:
             raise ConfigError(f"{where}.path", "is required: the Parquet files to read")
-        names = [f.name for f in fields]
         for pattern in [source["path"]] if isinstance(source["path"], str) else source["path"]:
             if _URL_RE.match(pattern):
                 raise ConfigError(
                     f"{where}.path",
                     f"{pattern!r} is a URL; betonbuild reads local Parquet files only (download them first)",
                 )
-        unknown = [k for k in (source.get("columns") or {}) if k not in names]
-        if unknown:
-            raise ConfigError(f"{where}.columns", f"names {unknown}, which are not fields {names}")
-        check_in_order(where, writer)
+        check_columns_config(where, source, fields, writer)
 
     @classmethod
     def input_files(cls, spec: DatasetSpec) -> list[str]:
         return expand_paths(spec)
-
-    @classmethod
-    def open(cls, spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None) -> ParquetSource:
-        return cls(spec, dataset_dir)
 
     @classmethod
     def missing_package(cls, spec: DatasetSpec) -> bool:
@@ -131,6 +124,36 @@ class ParquetSource(RowGroupSource):
     def _read_batch(self, group: int, columns: list[str]):
         number, in_file = self.groups[group]
         return self._file(number).read_row_group(in_file, columns=columns, use_threads=False)
+
+    def sample_sizes(self) -> np.ndarray:
+        """Bytes per row of the binary and image columns (the pre-flight inspects the largest), found
+        cheaply: the rows' own lengths in the LARGEST_SAMPLES row groups heaviest per row by their
+        footer (just those columns read); elsewhere each row group's uncompressed column chunks spread
+        over its rows, scaled to the bytes the groups read held (chunks count page headers too)."""
+        plans = [p for p in self.plans if p.role in ("binary", "image")]
+        counts = np.diff(self.offsets)
+        totals = np.zeros(len(counts), dtype=np.int64)
+        for number, metadata in enumerate(self.footers):
+            leaves = {metadata.schema.column(j).path: j for j in range(metadata.num_columns)}
+            wanted = [leaves[p.column + (".bytes" if p.role == "image" else "")] for p in plans]
+            for in_file in range(metadata.num_row_groups):
+                chunks = metadata.row_group(in_file)
+                totals[self.group_index(number, in_file)] = sum(
+                    chunks.column(j).total_uncompressed_size for j in wanted
+                )
+        per_row = totals / np.maximum(counts, 1)
+        exact: dict[int, np.ndarray] = {}
+        for group in np.argsort(per_row, kind="stable")[::-1][:LARGEST_SAMPLES] if plans else []:
+            try:
+                exact[int(group)] = sum(np.diff(c.offsets) for c in self.decoded(int(group), plans))
+            except SampleError:  # a damaged row group: its estimate stays, the write names it
+                continue
+        read = sum(int(totals[g]) for g in exact)
+        scale = sum(int(v.sum()) for v in exact.values()) / read if read else 1.0
+        sizes = np.repeat((per_row * scale).astype(np.int64), counts)
+        for group, lengths in exact.items():
+            sizes[self.offsets[group] : self.offsets[group + 1]] = lengths
+        return sizes
 
     def _file(self, number: int):
         """This thread's open ParquetFile of file ``number`` (reopened in a forked worker)."""

@@ -17,10 +17,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
 from betonbuild.sources.arrow_columns import Column, ColumnPlan, decode_column, image_error
 from betonbuild.sources.base import Source
 from betonbuild.sources.cached_hashes import cached_file_hashes
+from betonbuild.sources.files import require_files
 
 # Roles whose nulls are found when the source opens (a list column's, as its row groups are read)
 NULL_CHECKED_ROLES = ("scalar", "binary", "image", "string")
@@ -33,10 +35,22 @@ class RowGroupSource(Source):
     gives_fixed_columns = True  # the int, float and ndarray fields, read a row group at a time
 
     group_word: ClassVar[str] = "row group"  # what a batch of rows is called in the files (messages)
+    hash_cache: ClassVar[str]  # the file of cached digests, beside the manifest
     plans: list[ColumnPlan]
     offsets: np.ndarray  # row group g holds samples offsets[g]:offsets[g + 1]
     groups: list[tuple[int, int]]  # (file number in ``files``, its row group) of every row group
     cache_path: Path | None  # the cached file digests (beside the manifest)
+
+    @classmethod
+    def open(cls, spec: DatasetSpec, dataset_dir: str | os.PathLike | None = None) -> RowGroupSource:
+        return cls(spec, dataset_dir)
+
+    def _open_files(self, spec: DatasetSpec, files: list[str], cache_dir: str | os.PathLike | None) -> None:
+        """What opening either kind starts with: its files (SourceError naming a missing one) and
+        where their digests are cached (``cache_dir``: the manifest's directory, None for none)."""
+        self.spec, self.files = spec, files
+        require_files(spec.name, files)
+        self.cache_path = Path(cache_dir) / self.hash_cache if cache_dir is not None else None
 
     def _index_files(self, counts: list[int], groups: list[tuple[int, int]]) -> None:
         """The row groups' offsets, and where each file's first row group is."""
@@ -208,6 +222,27 @@ class FixedColumn:
         for where, values in parts:
             out[where] = values
         return out
+
+
+def columns_schema(what: str) -> dict[str, Any]:
+    """The config schema of ``columns`` (``what``: what a field maps to, e.g. "column")."""
+    return {
+        "type": ["object", "null"],
+        "additionalProperties": {"type": "string"},
+        "default": None,
+        "description": f"field -> {what}, a dotted path into structs (image.bytes). Default: the field name.",
+    }
+
+
+def check_columns_config(
+    where: str, source: dict[str, Any], fields: tuple[FieldSpec, ...], writer: dict[str, Any]
+) -> None:
+    """``columns`` names only fields, and the writer keeps the source's order (``check_in_order``)."""
+    names = [f.name for f in fields]
+    unknown = [k for k in (source.get("columns") or {}) if k not in names]
+    if unknown:
+        raise ConfigError(f"{where}.columns", f"names {unknown}, which are not fields {names}")
+    check_in_order(where, writer)
 
 
 def check_in_order(where: str, writer: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ column rules as Parquet; the DAG lists their files without importing ``datasets`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import pytest
 from parquet_samples import IMAGE_FIELDS, hf_image_dataset, jpeg_crops
 from PIL import Image
@@ -177,3 +179,110 @@ def test_the_dag_lists_the_files_without_importing_datasets_or_pyarrow(saved):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(result.stdout) == [4, []]
+
+
+def _kinds_dataset(n: int = 9):
+    """Image, Sequence, Array2D and ClassLabel features, shuffled and cut (an indices mapping)."""
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "vec": datasets.Sequence(datasets.Value("float32"), length=4),
+            "grid": datasets.Array2D((2, 3), "int32"),
+            "y": datasets.ClassLabel(names=["a", "b", "c"]),
+        }
+    )
+    rows = {
+        "image": [{"bytes": b, "path": None} for b in jpeg_crops(n)],
+        "vec": [[float(i), -1.0, 0.5, float(i * i)] for i in range(n)],
+        "grid": [np.arange(6, dtype=np.int32).reshape(2, 3) * i for i in range(n)],
+        "y": [i % 3 for i in range(n)],
+    }
+    return datasets.Dataset.from_dict(rows, features=features).shuffle(seed=3).select(range(n - 2))
+
+
+def _storage(array):
+    return array.storage if isinstance(array, pa.ExtensionArray) else array
+
+
+KINDS_FIELDS = {
+    "image": {"type": "rgb_image"},
+    "vec": {"type": "ndarray", "dtype": "float32", "shape": [4]},
+    "grid": {"type": "ndarray", "dtype": "int32", "shape": [2, 3]},
+    "y": {"type": "int"},
+}
+
+
+def test_the_arrow_files_read_directly_are_what_load_from_disk_gives(tmp_path):
+    """The write and verify jobs read the record batches with pyarrow, not datasets: the same
+    batches, column values and rows as load_from_disk, over several files and a saved shuffle."""
+    _kinds_dataset().save_to_disk(str(tmp_path / "k"), num_shards=3)
+    source = open_source(hf_spec(tmp_path / "k", KINDS_FIELDS))
+    loaded = datasets.load_from_disk(str(tmp_path / "k"))
+    table = loaded.data.table
+    assert len(source.files) == 5 and len(source) == len(loaded) == 7
+    assert [b.num_rows for b in source.batches] == [b.num_rows for b in table.to_batches()]
+    for name in table.column_names:
+        theirs = table.column(name).combine_chunks()
+        ours = pa.concat_arrays([b.column(name) for b in source.batches])
+        assert _storage(ours).equals(_storage(theirs)), name
+    raw = loaded.cast_column("image", datasets.Image(decode=False))
+    for i in range(len(loaded)):
+        image, vec, grid, y = source[i]
+        row = raw[i]
+        assert source.encoded_image(i).tobytes() == row["image"]["bytes"]
+        assert np.asarray(image).tolist() == np.asarray(loaded[i]["image"]).tolist()
+        assert vec.tolist() == row["vec"] and grid.tolist() == row["grid"] and y == row["y"]
+    assert source.inputs_fingerprint()["sha256"]  # the manifest's check with datasets passes
+    code = (  # and in a process without datasets (its Array2D extension type not registered)
+        "import sys, json, hashlib\n"
+        "from betonbuild.config.load import load_config\n"
+        "from betonbuild.sources import open_source\n"
+        f"entry = {{'source': {{'kind': 'huggingface', 'path': {str(tmp_path / 'k')!r}}}, "
+        f"'fields': {KINDS_FIELDS!r}}}\n"
+        "source = open_source(load_config({'datasets': {'hf': entry}}).datasets['hf'])\n"
+        "rows = [[hashlib.sha256(source.encoded_image(i)).hexdigest(), *[v.tolist() for v in source[i][1:3]],\n"
+        "         int(source[i][3])] for i in range(len(source))]\n"
+        "print(json.dumps(['datasets' in sys.modules, rows]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    want = [[hashlib.sha256(r["image"]["bytes"]).hexdigest(), r["vec"], r["grid"], r["y"]] for r in raw]
+    assert json.loads(result.stdout) == [False, want]
+
+
+def test_the_write_and_verify_read_without_importing_datasets(saved, tmp_path):
+    code = (
+        "import sys, json, os\n"
+        "from betonbuild.config.load import load_config\n"
+        "from betonbuild.provenance import ffcv_build\n"
+        "from betonbuild.sources import open_source\n"
+        "from betonbuild.verify import verify_beton\n"
+        "from betonbuild.write.writer import write_beton\n"
+        "import numpy as np\n"
+        f"entry = {{'source': {{'kind': 'huggingface', 'path': {str(saved)!r}}}, 'fields': {IMAGE_FIELDS!r}}}\n"
+        "spec = load_config({'datasets': {'hf': entry}}).datasets['hf']\n"
+        "source = open_source(spec)\n"
+        "rows = np.arange(len(source))\n"
+        f"out = {str(tmp_path / 'hf.beton')!r}\n"
+        "write_beton(spec, source, rows, out, 2, log=open(os.devnull, 'w'))\n"
+        "ok = verify_beton(spec, source, rows, out, ffcv_build())['ok']\n"
+        "before = 'datasets' in sys.modules\n"
+        "source.inputs_fingerprint()\n"
+        "print(json.dumps([ok, before, 'datasets' in sys.modules]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout.splitlines()[-1]) == [True, False, True]  # only the manifest imports it
+
+
+def test_a_column_that_datasets_would_cast_is_refused_by_the_manifest(tmp_path):
+    """load_from_disk casts a dictionary-encoded column to its feature's type; the direct read
+    would not, so the manifest job (which asks datasets) refuses the directory."""
+    datasets.Dataset.from_dict({"y": [1, 2, 1]}).save_to_disk(str(tmp_path / "c"))
+    path = next((tmp_path / "c").glob("*.arrow"))
+    metadata = pa.ipc.open_stream(pa.memory_map(str(path))).schema.metadata
+    table = pa.table({"y": pa.array([1, 2, 1]).dictionary_encode()}).replace_schema_metadata(metadata)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    assert datasets.load_from_disk(str(tmp_path / "c"))["y"][:] == [1, 2, 1]  # datasets decodes it
+    source = open_source(hf_spec(tmp_path / "c", {"y": {"type": "json"}}))
+    with pytest.raises(SourceError, match=r"datasets reads the columns \[\('y', DataType\(int64\)\)\] .*dictionary"):
+        source.inputs_fingerprint()

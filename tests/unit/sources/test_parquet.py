@@ -4,7 +4,10 @@ field and row (file and row group)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -332,3 +335,59 @@ def test_source_jpeg_keep_stores_an_image_columns_jpeg_bytes_unchanged(tmp_path)
     assert [bytes(beton.variable_payload("image", i)) for i in rows] == encoded
     report = verify_beton(spec, source, rows, str(tmp_path / "kept.beton"), ffcv_build())
     assert report["ok"], report
+
+
+def test_columns_are_read_without_importing_pandas_and_equal_pyarrows_own_conversion(two_files, tmp_path):
+    """pyarrow's to_numpy imports pandas (seconds per writer worker on a busy machine): the columns
+    are read from the Arrow buffers, sliced arrays and booleans included, with the same values."""
+    kinds = {
+        "i16": pa.array([3, 1, 4, 1, 5, 9, 2, 6, 5], pa.int16()),
+        "f32": pa.array([0.5, 2.5, -1.0, 7.0, 0.0, 1.5, 2.0, 3.0, 4.0], pa.float32()),
+        "flag": pa.array([True, False, True, True, False, False, True, False, True]),
+        "maybe": pa.array([1, None, 3, None, 5, 6, 7, None, 9]),
+        "lists": pa.array([[1, 2], [3], [], [4, 5, 6], [7], [8], [9, 10], [11], [12]]),
+    }
+    pq.write_table(pa.table(kinds), tmp_path / "kinds.parquet")
+    code = (
+        "import json, sys\n"
+        "import numpy as np, pyarrow.parquet as pq\n"
+        "from betonbuild.sources.arrow_columns import to_numpy\n"
+        "from betonbuild.config.load import load_config\n"
+        "from betonbuild.sources import open_source\n"
+        f"entry = {{'source': {{'kind': 'parquet', 'path': {str(two_files)!r}}}, 'fields': {NUMERIC_FIELDS!r}}}\n"
+        "source = open_source(load_config({'datasets': {'pq': entry}}).datasets['pq'])\n"
+        "rows = [source[i] for i in range(len(source))]\n"
+        "fixed = {name: column[np.arange(len(source))] for name, column in source.fixed_columns().items()}\n"
+        f"table = pq.ParquetFile({str(tmp_path / 'kinds.parquet')!r}).read().combine_chunks()\n"
+        "columns = [table[name].chunk(0) for name in table.column_names]\n"
+        "arrays = [a.slice(s, n) for a in columns[:3] for s, n in ((0, 9), (3, 5), (2, 0))]\n"
+        "arrays += [columns[3].is_null(), columns[4].offsets, columns[4].slice(2, 4).offsets]\n"
+        "mine = [to_numpy(a) for a in arrays]\n"
+        "without = 'pandas' not in sys.modules\n"
+        "same = [m.dtype == a.to_numpy(zero_copy_only=False).dtype and m.tolist() == a.to_pylist()\n"
+        "        for m, a in zip(mine, arrays)]\n"
+        "print(json.dumps([without, same, len(rows), int(rows[45][0]), int(fixed['id'][69])]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout) == [True, [True] * 12, 70, 45, 69]
+
+
+def test_sample_sizes_come_from_the_footers_and_the_heaviest_row_groups(tmp_path, two_files):
+    """Bytes per row for the pre-flight's largest samples: the rows' own lengths in the 8 row groups
+    heaviest per row, elsewhere the footer's chunk sizes spread over each row group's rows (scaled)."""
+    rng = np.random.default_rng(5)
+    lengths = [100 + 10 * i + (40 if i % 4 == 1 else 0) for i in range(80)]  # 20 row groups of 4
+    blobs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in lengths]
+    pq.write_table(pa.table({"blob": pa.array(blobs, pa.binary())}), tmp_path / "b.parquet", row_group_size=4)
+    source = open_source(make_spec(str(tmp_path / "b.parquet"), {"blob": {"type": "bytes"}}))
+    sizes = source.sample_sizes()
+    assert sizes[48:].tolist() == lengths[48:]  # row groups 12-19, read
+    for group in range(12):  # estimated: about the mean (page headers, min/max statistics scaled out)
+        mean = np.mean(lengths[4 * group : 4 * group + 4])
+        assert (sizes[4 * group : 4 * group + 4] == sizes[4 * group]).all() and 0.8 * mean < sizes[
+            4 * group
+        ] < 1.2 * mean
+    from betonbuild.write.preflight import largest_rows  # noqa: PLC0415 - the caller, used by this test only
+
+    assert largest_rows(source, np.arange(80)).tolist() == sorted(np.argsort(lengths)[-8:].tolist())
+    assert not open_source(make_spec(str(two_files))).sample_sizes().any()  # no binary column: no size to tell
