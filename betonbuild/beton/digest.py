@@ -29,12 +29,14 @@ from __future__ import annotations
 import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 
 from betonbuild.beton.format import BetonFile
 from betonbuild.fields import stored_kind
+from betonbuild.mapped_pages import release_mapped
 
 PREFIX = b"betonbuild content digest v1\n"
 RANGE_PREFIX = b"betonbuild range digest v1\n"
@@ -85,15 +87,17 @@ def range_from_leaves(leaves: list[bytes]) -> str:
 
 def _leaves(beton: BetonFile, start: int, stop: int, threads: int) -> list[bytes]:
     """The leaves in order (32 bytes per block); blocks are handed to the pool ``BLOCKS_IN_FLIGHT``
-    at a time, so that no future per block of the whole file exists at once."""
+    at a time, so that no future per block of the whole file exists at once, and the file's pages
+    read are unmapped after each batch (mapped, the whole file stays in the RSS: 32 bytes a sample
+    of float32[4] + int64, 3.2 GB at 100M rows; they stay in the page cache)."""
     spans = blocks(start, stop)
-    if threads > 1 and len(spans) > 1:
-        leaves: list[bytes] = []
-        with ThreadPoolExecutor(threads) as pool:
-            for at in range(0, len(spans), BLOCKS_IN_FLIGHT):
-                leaves.extend(pool.map(lambda b: leaf(beton, *b), spans[at : at + BLOCKS_IN_FLIGHT]))
-        return leaves
-    return [leaf(beton, *b) for b in spans]
+    leaves: list[bytes] = []
+    with ThreadPoolExecutor(threads) if threads > 1 and len(spans) > 1 else nullcontext() as pool:
+        for at in range(0, len(spans), BLOCKS_IN_FLIGHT):
+            batch = spans[at : at + BLOCKS_IN_FLIGHT]
+            leaves.extend((pool.map if pool else map)(lambda b: leaf(beton, *b), batch))
+            release_mapped(beton.mm)
+    return leaves
 
 
 def leaf(beton: BetonFile, start: int, stop: int) -> bytes:

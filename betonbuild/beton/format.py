@@ -4,8 +4,9 @@ Layout (all little-endian): a 24-byte header, one 1041-byte descriptor per field
 table (one aligned record per sample), page-aligned data pages, then the allocation table.
 Every size and offset is checked against the file size before anything is allocated, so a
 truncated or hostile file gives a ``BetonFormatError``, never a crash or a huge allocation:
-parsing allocates a constant amount; the allocation-table index and the structural checks
-allocate a small multiple of the table, which is part of the file.
+parsing allocates a constant amount; the allocation-table index (``_sorted_table``, for JPEG sizes
+and custom fields) a small multiple of the table, which is part of the file. The structural checks
+read the table in bounded windows (``runs``).
 
 This module holds the format's tables and the reader. Beside it: ``payloads`` decodes stored
 values (JPEG, JSON), ``checks`` holds the structural rules ffcv's Loader relies on, ``describe``
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from betonbuild.beton.matching import match_sorted, sort_allocations
 from betonbuild.errors import BetonFormatError
 from betonbuild.mapped_pages import release_mapped
 
@@ -93,8 +95,6 @@ BUILTIN_POINTER_COLUMNS: dict[int, tuple[str, ...]] = {
 POINTER_TYPES = tuple(type_id for type_id, columns in BUILTIN_POINTER_COLUMNS.items() if columns)
 IMAGE_MODE_JPEG, IMAGE_MODE_RAW = 0, 1
 MAX_CUSTOM_RECORD = 1 << 20  # bytes of one custom field's metadata record
-MATCH_BLOCK = 1 << 18  # pointers matched at once by match_allocations
-MAX_EQUAL_POINTERS = 4  # allocations sharing one pointer (size-0 ones collide with the next) searched per lookup
 _NAME_CHARS = set(range(0x20, 0x7F))
 
 
@@ -318,9 +318,7 @@ class BetonFile:
     def _sorted_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ptr, sample_id, size) sorted by pointer, then sample, then size."""
         table = self.alloc_table
-        ptr, sample, size = table["ptr"], table["sample_id"], table["size"]
-        order = np.lexsort((size, sample, ptr))
-        return ptr[order], sample[order], size[order]
+        return sort_allocations(table["ptr"], table["sample_id"], table["size"])
 
     def forget_sorted_table(self) -> None:
         """Releases the pointer-sorted copy of the table (32 bytes an allocation) and unmaps the file's pages
@@ -329,32 +327,9 @@ class BetonFile:
         release_mapped(self.mm)
 
     def match_allocations(self, ptrs: np.ndarray, samples: np.ndarray, sizes: np.ndarray | None = None) -> np.ndarray:
-        """Index (into the sorted table) of the allocation of each (ptr, sample[, size]); -1 where none.
-
-        Without ``sizes`` the largest of equal (ptr, sample) allocations is taken: a size-0 allocation
-        shares its pointer with the next allocation, and a JPEG is never empty.
-        """
-        sorted_ptr, sorted_sample, sorted_size = self._sorted_table
-        ptrs = np.asarray(ptrs, dtype=np.uint64)
-        samples = np.asarray(samples, dtype=np.uint64)
-        found = np.full(len(ptrs), -1, dtype=np.int64)
-        n = len(sorted_ptr)
-        if n == 0 or len(ptrs) == 0:
-            return found
-        for lo in range(0, len(ptrs), MATCH_BLOCK):  # blocks: the temporaries stay a few MiB at any size
-            block = slice(lo, lo + MATCH_BLOCK)
-            want_ptr, want_sample, out = ptrs[block], samples[block], found[block]
-            want_size = None if sizes is None else np.asarray(sizes)[block]
-            start = np.searchsorted(sorted_ptr, want_ptr, side="left")
-            for k in range(MAX_EQUAL_POINTERS):
-                at = np.minimum(start + k, n - 1)
-                hit = (start + k < n) & (sorted_ptr[at] == want_ptr) & (sorted_sample[at] == want_sample)
-                if want_size is not None:
-                    hit &= sorted_size[at] == want_size
-                    out[:] = np.where(hit & (out < 0), at, out)
-                else:
-                    out[:] = np.where(hit, at, out)
-        return found
+        """Index (into the sorted table) of the allocation of each (ptr, sample[, size]); -1 where none
+        (``match_sorted`` over the whole table)."""
+        return match_sorted(self._sorted_table, ptrs, samples, sizes)
 
     def allocation_size(self, row: int, ptr: int) -> int:
         at = int(self.match_allocations(np.array([ptr], dtype=np.uint64), np.array([row], dtype=np.uint64))[0])

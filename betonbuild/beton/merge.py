@@ -72,44 +72,10 @@ from betonbuild.beton.format import (
     WHOLE_COLUMN,
     page_aligned,
 )
+from betonbuild.beton.merge_tables import Column, Part, check_tables, write_allocations, write_metadata
 from betonbuild.errors import MergeError
 
 POINTER_COLUMNS_ATTRIBUTE = "betonbuild_pointer_columns"
-
-
-@dataclass
-class _Column:
-    """One field's place in the metadata record and which of its sub-columns are file offsets."""
-
-    name: str
-    type_id: int
-    dtype: np.dtype
-    pointers: tuple[str, ...]
-
-
-@dataclass
-class _Part:
-    index: int
-    path: str
-    size: int
-    version: int
-    num_fields: int
-    page_size: int
-    num_samples: int
-    alloc_table_ptr: int
-    descriptors: bytes = b""
-    metadata: np.ndarray | None = None  # raw bytes (uint8), viewed as the record dtype when shifted
-    alloc_table: np.ndarray | None = None
-    data_start: int = 0
-    data_end: int = 0
-
-    @property
-    def label(self) -> str:
-        return f"part {self.index} ({self.path})"
-
-    @property
-    def data_bytes(self) -> int:
-        return self.data_end - self.data_start
 
 
 def merge_betons(
@@ -149,7 +115,7 @@ def merge_betons(
     columns = _columns(first, custom_handlers)
     record_type = np.dtype([(f"f{i}", c.dtype) for i, c in enumerate(columns)], align=True)
     for part in headed:
-        _read_tables(part, record_type, columns)
+        check_tables(part, record_type, columns)
 
     page_size = first.page_size
     num_fields = first.num_fields
@@ -160,10 +126,9 @@ def merge_betons(
     padded = [page_aligned(p.data_bytes, page_size) for p in headed]
     total_data = sum(padded)
     alloc_table_ptr = data_start + total_data if total_data else metadata_end
-    num_allocations = sum(len(p.alloc_table) for p in headed)
+    num_allocations = sum(p.num_allocations for p in headed)
     final_size = alloc_table_ptr + ALLOC_TABLE_TYPE.itemsize * num_allocations
-
-    metadata_blocks, alloc_blocks, part_records = _shifted_tables(headed, columns, record_type, data_start, padded)
+    part_records = _placed(headed, data_start, padded)
 
     header = np.zeros(1, dtype=HEADER_TYPE)
     header["version"] = FORMAT_VERSION
@@ -171,9 +136,10 @@ def merge_betons(
     header["page_size"] = page_size
     header["num_samples"] = num_samples
     header["alloc_table_ptr"] = alloc_table_ptr
-    blocks = [header.tobytes() + first.descriptors, *metadata_blocks]
-    assert sum(memoryview(b).nbytes for b in blocks) == metadata_end
-    copier = _write_merged(target, method, blocks, headed, part_records, alloc_blocks, alloc_table_ptr, final_size)
+    tables = _Tables(record_type, columns, metadata_end, alloc_table_ptr)
+    copier = _write_merged(
+        target, method, header.tobytes() + first.descriptors, headed, part_records, tables, final_size
+    )
 
     return {
         "target": str(target),
@@ -194,25 +160,11 @@ def merge_betons(
     }
 
 
-def _shifted_tables(
-    headed: list[_Part], columns: list[_Column], record_type: np.dtype, data_start: int, padded: list[int]
-) -> tuple[list[np.ndarray], list[np.ndarray], list[dict[str, Any]]]:
-    """Every part's metadata and allocation table with pointers shifted to where its region lands and
-    sample ids offset, in place (the one copy read is the one written), and per part where it went."""
-    metadata_blocks, alloc_blocks, part_records = [], [], []
+def _placed(headed: list[Part], data_start: int, padded: list[int]) -> list[dict[str, Any]]:
+    """Where each part's region and samples land: its first sample, target offset and pointer shift."""
+    part_records = []
     region_offset, sample_offset = data_start, 0
     for part, region in zip(headed, padded):
-        shift = region_offset - part.data_start  # >= 0 and a multiple of page_size
-        metadata = part.metadata.view(record_type)
-        for i, column in enumerate(columns):
-            for sub in column.pointers:
-                values = metadata[f"f{i}"] if sub == WHOLE_COLUMN else metadata[f"f{i}"][sub]
-                values += values.dtype.type(shift)
-        table = part.alloc_table
-        table["ptr"] += np.uint64(shift)
-        table["sample_id"] += np.uint64(sample_offset)
-        metadata_blocks.append(metadata.view(np.uint8))
-        alloc_blocks.append(table)
         part_records.append(
             {
                 "path": part.path,
@@ -221,43 +173,54 @@ def _shifted_tables(
                 "source_data_start": part.data_start,
                 "data_bytes": part.data_bytes,
                 "target_offset": region_offset,
-                "shift": shift,
-                "allocations": len(part.alloc_table),
+                "shift": region_offset - part.data_start,  # >= 0 and a multiple of page_size
+                "allocations": part.num_allocations,
             }
         )
         region_offset += region
         sample_offset += part.num_samples
-    return metadata_blocks, alloc_blocks, part_records
+    return part_records
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """What the parts' tables are written with: the record layout, where the metadata ends and the table starts."""
+
+    record_type: np.dtype
+    columns: list[Column]
+    metadata_end: int
+    alloc_table_ptr: int
 
 
 def _write_merged(
     target: Path,
     method: str,
-    head: list[bytes | np.ndarray],
-    headed: list[_Part],
+    head: bytes,
+    headed: list[Part],
     part_records: list[dict[str, Any]],
-    tables: list[np.ndarray],
-    alloc_table_ptr: int,
+    tables: _Tables,
     final_size: int,
 ) -> Copier:
-    """Writes header + metadata (``head``), every part's data region and the tables at ``target`` (temp + rename)."""
+    """Writes header + descriptors (``head``), every part's metadata, data region and table at ``target``
+    (temp + rename); the tables in blocks (``merge_tables``)."""
     with atomic_path(target) as tmp:
         copier = Copier(method, target.parent)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
             try:
                 # Written in file order, as appends; page padding is skipped and stays a hole (zeros).
-                offset = 0
-                for block in head:
-                    offset += _pwrite_block(fd, block, offset)
+                offset = _pwrite_block(fd, head, 0)
+                for part, record in zip(headed, part_records):
+                    offset += write_metadata(fd, part, tables.record_type, tables.columns, offset, record["shift"])
+                assert offset == tables.metadata_end
                 for part, record in zip(headed, part_records):
                     if part.data_bytes:
                         copier.copy(
                             part.label, part.path, part.data_start, part.data_bytes, fd, record["target_offset"]
                         )
-                offset = alloc_table_ptr
-                for table in tables:
-                    offset += _pwrite_block(fd, table, offset)
+                offset = tables.alloc_table_ptr
+                for part, record in zip(headed, part_records):
+                    offset += write_allocations(fd, part, offset, record["shift"], record["first_sample"])
                 if os.fstat(fd).st_size < final_size:  # an empty table after a padded last page
                     os.ftruncate(fd, final_size)
             finally:
@@ -278,7 +241,7 @@ def _pwrite_block(fd: int, block: bytes | np.ndarray, offset: int) -> int:
     return memoryview(block).nbytes
 
 
-def _read_header(index: int, path: str) -> _Part:
+def _read_header(index: int, path: str) -> Part:
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as fh:
@@ -288,7 +251,7 @@ def _read_header(index: int, path: str) -> _Part:
     if len(raw) < HEADER_TYPE.itemsize:
         raise MergeError(f"part {index} ({path}): {size} bytes is too small for a .beton header")
     header = np.frombuffer(raw, dtype=HEADER_TYPE)[0]
-    return _Part(
+    return Part(
         index=index,
         path=path,
         size=size,
@@ -300,7 +263,7 @@ def _read_header(index: int, path: str) -> _Part:
     )
 
 
-def _check_against_first(part: _Part, first: _Part) -> None:
+def _check_against_first(part: Part, first: Part) -> None:
     """Version, completeness, page size and descriptors: refused with the exact difference."""
     if part.version != first.version:
         raise MergeError(
@@ -358,12 +321,12 @@ def _type_name(desc) -> str:
     return f"{TYPE_NAMES.get(type_id, 'unknown')} ({type_id})"
 
 
-def _columns(first: _Part, custom_handlers: Mapping[str, type]) -> list[_Column]:
+def _columns(first: Part, custom_handlers: Mapping[str, type]) -> list[Column]:
     columns = []
     for j, desc in enumerate(np.frombuffer(first.descriptors, dtype=FIELD_DESC_TYPE)):
         name, type_id = _field_name(desc), int(desc["type_id"])
         if type_id in METADATA_TYPES:
-            columns.append(_Column(name, type_id, METADATA_TYPES[type_id], BUILTIN_POINTER_COLUMNS[type_id]))
+            columns.append(Column(name, type_id, METADATA_TYPES[type_id], BUILTIN_POINTER_COLUMNS[type_id]))
         elif type_id == CUSTOM_TYPE_ID:
             columns.append(_custom_column(first, j, name, desc, custom_handlers))
         else:
@@ -371,7 +334,7 @@ def _columns(first: _Part, custom_handlers: Mapping[str, type]) -> list[_Column]
     return columns
 
 
-def _custom_column(first: _Part, j: int, name: str, desc, custom_handlers: Mapping[str, type]) -> _Column:
+def _custom_column(first: Part, j: int, name: str, desc, custom_handlers: Mapping[str, type]) -> Column:
     where = f"custom field {j} {name!r} (type id {CUSTOM_TYPE_ID})"
     cls = custom_handlers.get(name)
     if cls is None:
@@ -407,68 +370,7 @@ def _custom_column(first: _Part, j: int, name: str, desc, custom_handlers: Mappi
             raise MergeError(
                 f"{where}: pointer column {sub!r} has type {column_type}; file offsets must be 8-byte integers"
             )
-    return _Column(name, CUSTOM_TYPE_ID, dtype, tuple(declared))
-
-
-def _read_tables(part: _Part, record_type: np.dtype, columns: list[_Column]) -> None:
-    """Reads metadata and allocation table (bounds-checked) and checks every pointer lies in the data region."""
-    metadata_start = HEADER_TYPE.itemsize + FIELD_DESC_TYPE.itemsize * part.num_fields
-    metadata_bytes = record_type.itemsize * part.num_samples
-    metadata_end = metadata_start + metadata_bytes
-    if not metadata_end <= part.alloc_table_ptr <= part.size:
-        raise MergeError(
-            f"{part.label}: truncated or corrupt: {part.num_samples} samples of metadata end at byte {metadata_end}, "
-            f"the allocation table pointer is {part.alloc_table_ptr}, the file has {part.size} bytes"
-        )
-    table_bytes = part.size - part.alloc_table_ptr
-    if table_bytes % ALLOC_TABLE_TYPE.itemsize:
-        raise MergeError(f"{part.label}: allocation table of {table_bytes} bytes is not a whole number of entries")
-    with open(part.path, "rb") as fh:
-        fh.seek(metadata_start)
-        part.metadata = np.fromfile(fh, dtype=np.uint8, count=metadata_bytes)
-        fh.seek(part.alloc_table_ptr)
-        part.alloc_table = np.fromfile(fh, dtype=ALLOC_TABLE_TYPE, count=table_bytes // ALLOC_TABLE_TYPE.itemsize)
-    if part.metadata.size != metadata_bytes or part.alloc_table.nbytes != table_bytes:
-        raise MergeError(f"{part.label}: the file changed size while it was being read")
-
-    part.data_start = page_aligned(metadata_end, part.page_size)
-    part.data_end = max(part.data_start, part.alloc_table_ptr)
-    # ffcv's allocator gives a size-0 allocation made before a worker's first page the pointer
-    # data_start - page_size; such pointers are shifted like the others but are never read.
-    low, high = max(0, part.data_start - part.page_size), part.data_end
-
-    table = part.alloc_table
-    if table.size:
-        bad = table["sample_id"] >= part.num_samples
-        if bad.any():
-            k = int(np.argmax(bad))
-            raise MergeError(
-                f"{part.label}: allocation {k} names sample {int(table['sample_id'][k])} of {part.num_samples}"
-            )
-        sized = table["size"] > 0
-        bad = np.where(
-            sized,
-            (table["ptr"] < part.data_start) | (table["ptr"] + table["size"] > part.data_end),
-            (table["ptr"] < low) | (table["ptr"] > high),
-        )
-        if bad.any():
-            k = int(np.argmax(bad))
-            raise MergeError(
-                f"{part.label}: allocation {k} [{int(table['ptr'][k])}, +{int(table['size'][k])}) lies outside "
-                f"its data region [{part.data_start}, {part.data_end})"
-            )
-    records = part.metadata.view(record_type)
-    for i, column in enumerate(columns):
-        for sub in column.pointers:
-            values = records[f"f{i}"] if sub == WHOLE_COLUMN else records[f"f{i}"][sub]
-            bad = (values < low) | (values > high)
-            if bad.any():
-                k = int(np.argmax(bad))
-                label = column.name if sub == WHOLE_COLUMN else f"{column.name}.{sub}"
-                raise MergeError(
-                    f"{part.label}: sample {k} field {label!r} points to byte {int(values[k])}, outside its data "
-                    f"region [{part.data_start}, {part.data_end})"
-                )
+    return Column(name, CUSTOM_TYPE_ID, dtype, tuple(declared))
 
 
 def write_empty_beton(target: str | os.PathLike, fields: Mapping[str, Any], page_size: int) -> dict[str, Any]:

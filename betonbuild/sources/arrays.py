@@ -131,6 +131,7 @@ class ArraysSource(Source):
                 stop = min(start + step, len(rows))
                 block = column[first + start : first + stop] if contiguous else column[rows[start:stop]]
                 digest.update(memoryview(np.ascontiguousarray(block)).cast("B"))
+                release_mapped(column)  # mapped, every page hashed stays in the RSS (24 B a row at 100M rows)
         return digest.hexdigest()
 
 

@@ -10,8 +10,20 @@ import pytest
 from beton_files import PAGE_SIZE, corrupt_copy, metadata_offset, set_header, table_offset, write_every_field
 from conftest import ListDataset
 
+from betonbuild.beton import runs
 from betonbuild.beton.checks import structural_checks
-from betonbuild.beton.format import BetonFile
+from betonbuild.beton.format import ALLOC_TABLE_TYPE, BetonFile
+
+
+@pytest.fixture(autouse=True, params=["windows", "windows_of_3", "sorted_whole"])
+def table_reading(request, monkeypatch):
+    """Every check, read as a large file is (in key-order windows: here of 3 rows too, so a file of a few
+    samples spans many) and as a table of too many runs is (sorted whole): the same results."""
+    if request.param == "windows_of_3":
+        monkeypatch.setattr(runs, "WINDOW", 3)
+    elif request.param == "sorted_whole":
+        monkeypatch.setattr(runs, "MAX_RUNS", 0)
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +50,11 @@ def test_a_file_written_by_ffcv_passes_every_structural_check(written):
     assert all(c["ok"] for c in checks.values()), checks
 
 
-def test_overlapping_allocations_are_found(written, tmp_path: Path):
+@pytest.mark.parametrize("grown", [0, 2])  # in windows of 3 rows, the third overlaps the next window's first
+def test_overlapping_allocations_are_found(written, tmp_path: Path, grown):
     good = BetonFile(written[0])
     order = np.argsort(good.alloc_table["ptr"])
-    first = int(order[0])
+    first = int(order[grown])
     at = table_offset(good, first, "size")
     grown = int(good.alloc_table["size"][first]) + 100
     checks = structure(
@@ -113,3 +126,28 @@ def test_size_zero_allocations_are_flagged_and_fail_unless_their_field_allows_em
     allowed = structure(path, allow_empty=("blob",))["no_empty_allocations"]
     assert allowed["ok"] and allowed["flagged"] == 2 and "allowed by allow_empty" in allowed["detail"]
     assert structure(path)["metadata_pointers"]["ok"]  # the colliding pointers are still told apart
+
+
+def test_the_table_in_any_order_passes_and_its_damage_is_still_found(written, tmp_path: Path):
+    """Two writer workers append their allocations one after the other: the table is sorted runs, not
+    one sorted table. Reversed, it is one run per allocation; every check reads it in key order."""
+    good = BetonFile(written[0])
+    n = len(good.alloc_table)
+    order = np.r_[np.arange(1, n, 2), np.arange(0, n, 2)]  # two interleaved "workers"
+    for rows in (order, np.arange(n)[::-1]):
+        table = good.alloc_table[rows].tobytes()
+        reordered = corrupt_copy(
+            written, tmp_path, lambda d, t=table: d.__setitem__(slice(good.alloc_table_ptr, None), t)
+        )
+        checks = structure(reordered)
+        assert all(c["ok"] for c in checks.values()), checks
+        last = int(np.flatnonzero(rows == int(np.argmax(good.alloc_table["ptr"])))[0])
+        at = good.alloc_table_ptr + last * ALLOC_TABLE_TYPE.itemsize + ALLOC_TABLE_TYPE.fields["sample_id"][1]
+        before = int(good.alloc_table["sample_id"][rows[last]])
+
+        def edit(d, at=at, table=table, before=before):
+            d[good.alloc_table_ptr :] = table
+            d[at : at + 8] = np.uint64((before + 1) % good.num_samples).tobytes()  # another sample's
+
+        checks = structure(corrupt_copy(written, tmp_path, edit))
+        assert not checks["metadata_pointers"]["ok"] and f"sample {before}'s" in checks["metadata_pointers"]["detail"]

@@ -19,6 +19,7 @@ from beton_files import (
     write_titles,
 )
 
+from betonbuild.beton import digest
 from betonbuild.beton.describe import as_text, bytes_per_field, describe, describe_incomplete, page_usage
 from betonbuild.beton.digest import content_digest
 from betonbuild.beton.format import BetonFile, UnregisteredCustomField
@@ -117,3 +118,17 @@ def test_as_text_lists_failed_and_flagged_checks(beton: BetonFile):
     assert "  - no_overlap: 1 allocations overlap the one before them" in text
     assert "  - no_empty_allocations: 2 size-0 allocations" in text and "sample_ids" not in text
     assert "first 0 samples" not in text
+
+
+def test_the_content_digest_read_in_batches_with_its_pages_dropped_is_the_same(beton: BetonFile, monkeypatch):
+    """Blocks go to the pool a batch at a time and the file's mapped pages are dropped after each batch
+    (a 100M-row file would otherwise stay resident): the digest, on 1 or 2 threads, does not change."""
+    whole = content_digest(beton)
+    monkeypatch.setattr(digest, "BLOCK", 1)
+    one_per_block = content_digest(beton)
+    assert one_per_block != whole  # the leaves are per block: the definition depends on BLOCK, not on batches
+    monkeypatch.setattr(digest, "BLOCKS_IN_FLIGHT", 2)
+    dropped = []
+    monkeypatch.setattr(digest, "release_mapped", lambda mm: dropped.append(mm))
+    assert content_digest(beton, threads=1) == content_digest(beton, threads=2) == one_per_block
+    assert len(dropped) == 2 * -(-beton.num_samples // 2) and all(mm is beton.mm for mm in dropped)

@@ -36,6 +36,7 @@ from ffcv.reader import Reader  # noqa: E402
 from ffcv.writer import DatasetWriter  # noqa: E402
 
 from betonbuild.beton import copy as copy_module  # noqa: E402
+from betonbuild.beton import merge_tables  # noqa: E402
 from betonbuild.beton.format import HEADER_TYPE, BetonFile  # noqa: E402
 from betonbuild.beton.merge import merge_betons, write_empty_beton  # noqa: E402
 from betonbuild.beton.payloads import decode_json  # noqa: E402
@@ -493,6 +494,47 @@ def test_refuses_truncated_and_corrupt_parts(tmp_path):
     ptr_offset = HEADER_TYPE.itemsize + 1041 * 2 + reader.metadata.dtype.fields["f1"][1]  # sample 0 blob.ptr
     wild = patched(big, tmp_path / "wild.beton", ptr_offset, np.array([1 << 40], "<u8"))
     refused([big, wild], tmp_path / "m.beton", r"sample 0 field 'blob.ptr' points to byte 1099511627776")
+
+
+@PAGE_SIZES
+def test_tables_merged_in_blocks_of_a_few_rows_give_the_same_bytes(merged, tmp_path, monkeypatch):
+    """The parts' tables are read, checked and written in blocks of rows (a few MiB at any size)."""
+    _, parts, target, record = merged
+    monkeypatch.setattr(merge_tables, "BLOCK_ROWS", 3)
+    again = merge_betons(parts, tmp_path / "blocks.beton")
+    assert sha256(tmp_path / "blocks.beton") == sha256(target)
+    assert again["parts"] == record["parts"]
+
+
+def test_refusals_name_the_row_past_the_first_block(tmp_path, monkeypatch):
+    monkeypatch.setattr(merge_tables, "BLOCK_ROWS", 4)
+    big = write(tmp_path / "big.beton", small_rows(50), small_fields(), page_size=2 * MiB)
+    reader = Reader(str(big))
+    record = reader.metadata.dtype.itemsize
+    ptr_offset = HEADER_TYPE.itemsize + 1041 * 2 + record * 13 + reader.metadata.dtype.fields["f1"][1]
+    wild = patched(big, tmp_path / "wild.beton", ptr_offset, np.array([1 << 40], "<u8"))
+    refused([big, wild], tmp_path / "m.beton", r"part 1 .*sample 13 field 'blob.ptr' points to byte 1099511627776")
+    table_at = int(np.frombuffer(big.read_bytes()[: HEADER_TYPE.itemsize], dtype=HEADER_TYPE)["alloc_table_ptr"][0])
+    beyond = patched(big, tmp_path / "beyond.beton", table_at + 24 * 9, np.array([50], "<u8"))  # sample_id of row 9
+    refused([beyond, big], tmp_path / "m.beton", r"part 0 .*allocation 9 names sample 50 of 50")
+
+
+def test_a_part_changed_after_its_check_is_refused_not_merged(tmp_path, monkeypatch):
+    """Tables are read twice (checked before anything is written, then shifted and written): what is
+    written is checked again, so a part edited in between is refused."""
+    part = write(tmp_path / "p.beton", small_rows(20), small_fields(), page_size=2 * MiB)
+    reader = Reader(str(part))
+    ptr_offset = HEADER_TYPE.itemsize + 1041 * 2 + reader.metadata.dtype.itemsize * 7 + 8  # sample 7 blob.ptr
+    checked = merge_tables.check_tables
+
+    def check_then_edit(p, *args):
+        checked(p, *args)
+        with open(p.path, "r+b") as fh:
+            fh.seek(ptr_offset)
+            fh.write(np.array([1 << 40], "<u8").tobytes())
+
+    monkeypatch.setattr("betonbuild.beton.merge.check_tables", check_then_edit)
+    refused([part], tmp_path / "m.beton", r"sample 7 field 'blob.ptr' points to byte 1099511627776")
 
 
 def test_refuses_custom_field_without_declared_pointers(tmp_path):
