@@ -108,7 +108,7 @@ class ArraysSource(Source):
     def sample_sizes(self) -> np.ndarray:
         """Bytes per row: every row of an array source has the same size."""
         per_row = sum(col[0:1].nbytes for col in self.columns)
-        return np.full(self.length, per_row, dtype=np.int64)
+        return np.broadcast_to(np.int64(per_row), (self.length,))  # read-only, no memory per row
 
     def fixed_columns(self) -> dict[str, Any]:
         """Values of the fixed-size fields for many rows at once, indexed by source index."""

@@ -81,6 +81,10 @@ def test_arrays_npz_columns_give_samples_in_field_order(digits_npz: Path):
     assert label == digits.target[17]
     assert source.files == [str(digits_npz)]
     assert source.sample_sizes().tolist() == [64 + 8] * 300
+    assert source.sample_sizes().strides == (0,), "one value for every row: no memory per row at 100M rows"
+    from betonbuild.write.preflight import largest_rows  # noqa: PLC0415 - its caller, used here only
+
+    assert largest_rows(source, np.arange(300)).tolist() == []  # equal rows: the smoke samples say it all
     # The values pass the strict contract as they are.
     values = check_sample(spec, source[17], 17)
     assert values[1] == int(digits.target[17]) and values[0].dtype == np.uint8
