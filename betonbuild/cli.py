@@ -71,8 +71,10 @@ def _dataset(config_path: str, name: str):
     return datasets[name]
 
 
-def _manifest(spec, directory: str) -> str:
-    """The source manifest (and, for shards, the shard list) in a scratch directory."""
+def _manifest(spec, directory: str, hash_inputs: bool = True) -> str:
+    """The source manifest (and, for shards, the shard list) in a scratch directory. ``hash_inputs``
+    False (``write``): the input files are counted, not read for their digest, which nothing of a
+    direct write keeps (the manifest is scratch; the write record names the rows, not the inputs)."""
     # why local: the stages import every part of the library (numpy, yaml, the sources)
     from betonbuild.sources import needs_shard_list
     from betonbuild.workflow.stages import make_shard_list, make_source_manifest
@@ -80,7 +82,7 @@ def _manifest(spec, directory: str) -> str:
     if needs_shard_list(spec):
         make_shard_list(spec, os.path.join(directory, "shards.json"))
     manifest = os.path.join(directory, "source.json")
-    make_source_manifest(spec, manifest, plan_parts=False)  # the CLI writes one file, never parts
+    make_source_manifest(spec, manifest, plan_parts=False, hash_inputs=hash_inputs)  # one file, never parts
     return manifest
 
 
@@ -89,7 +91,7 @@ def _write(args) -> int:
 
     spec = _dataset(args.config, args.dataset)
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = _manifest(spec, tmp)
+        manifest = _manifest(spec, tmp, hash_inputs=False)
         record = build(spec, manifest, args.output, args.output + ".write.json", threads=args.workers, smoke=args.smoke)
     print(json.dumps(record, indent=2))
     return 0

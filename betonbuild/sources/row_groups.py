@@ -22,7 +22,7 @@ from betonbuild.errors import ConfigError, SampleError, SourceError
 from betonbuild.sources.arrow_columns import Column, ColumnPlan, decode_column, image_error
 from betonbuild.sources.base import Source
 from betonbuild.sources.cached_hashes import cached_file_hashes
-from betonbuild.sources.files import require_files
+from betonbuild.sources.files import count_files, require_files
 
 # Roles whose nulls are found when the source opens (a list column's, as its row groups are read)
 NULL_CHECKED_ROLES = ("scalar", "binary", "image", "string")
@@ -161,8 +161,9 @@ class RowGroupSource(Source):
         return f"file {self.files[number]}, {self.group_word} {in_file}, row {row} of the file"
 
     def inputs_fingerprint(self, read_files: bool = True) -> dict[str, Any]:
-        """Every file's sha256, read only for files new or changed since the cached digest."""
-        return cached_file_hashes(self.files, self.cache_path)
+        """Every file's sha256, read only for files new or changed since the cached digest
+        (``read_files=False``: only counted)."""
+        return cached_file_hashes(self.files, self.cache_path) if read_files else count_files(self.files)
 
     def part_fingerprint(self, rows: np.ndarray, inputs: dict[str, Any]) -> str:
         """The files the rows are read from (path, size, sha256) and which of their row groups."""

@@ -74,6 +74,7 @@ def make_source_manifest(
     smoke_path: str | None = None,
     memory_mb: int | None = None,
     log=sys.stderr,
+    hash_inputs: bool = True,
 ) -> dict[str, Any]:
     """results/{ds}/source.json: length, final sample order and a fingerprint of the inputs.
 
@@ -81,7 +82,8 @@ def make_source_manifest(
     than fingerprinting each partition's source content. ``smoke_path`` (results/{ds}/smoke.json):
     the smoke samples and a fingerprint of exactly their content, in a file of its own so that a
     change of the smoke settings leaves source.json, and the stages that read it, as they were.
-    ``memory_mb``: the job's declared memory (a Snakemake job's mem_mb), checked against the length."""
+    ``memory_mb``: the job's declared memory (a Snakemake job's mem_mb), checked against the length.
+    ``hash_inputs=False`` (the CLI's direct write): the inputs are counted, not hashed (``sha256`` None)."""
     if source_class(spec).one_pass:  # an iterable: nothing to index before its one-pass write
         return onepass.make_stream_manifest(spec, manifest_path, smoke_path, log)
     started = time.monotonic()
@@ -92,7 +94,7 @@ def make_source_manifest(
     # A partitioned arrays source is read once, for its parts' row digests, which then make up its
     # fingerprint (hashing the files as well would read every byte twice)
     by_parts = plan_parts and source.fingerprint_from_parts and len(partition_bounds(spec, len(order))) > 1
-    inputs = source_fingerprint(spec, source, read_files=not by_parts)
+    inputs = source_fingerprint(spec, source, read_files=hash_inputs and not by_parts)
     parts = plan_partitions(spec, source, order, inputs) if plan_parts else [whole_order(order, inputs)]
     if by_parts:
         inputs["sha256"] = parts_digest(parts)

@@ -290,3 +290,21 @@ def test_verify_in_a_fresh_process_on_two_threads(tmp_path: Path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["ok"] and report["threads"] == 2 and report["mode"] == "full"
+
+
+def test_write_counts_its_inputs_without_reading_them_for_a_digest_and_verify_hashes_them(
+    cli_project: Path, capsys, monkeypatch
+):
+    import betonbuild.sources.files as files
+
+    hashed = []
+    real = files.sha256_file
+    monkeypatch.setattr(files, "sha256_file", lambda path, raw=False: hashed.append(str(path)) or real(path, raw))
+    args = ["--config", "config.yaml", "--dataset", "digits"]
+    assert main(["write", *args, "--output", "again.beton"]) == 0
+    assert not [p for p in hashed if p.endswith("digits.npz")], "nothing of a direct write keeps the digest"
+    capsys.readouterr()
+    code, out, _ = run(capsys, "verify", "again.beton", *args)
+    report = json.loads(out)
+    assert code == 0 and len(report["source"]["inputs"]["sha256"]) == 64  # the report names what it checked
+    assert [p for p in hashed if p.endswith("digits.npz")]

@@ -173,6 +173,15 @@ def test_fingerprints_change_with_the_file_they_cover_and_hashes_are_cached(two_
     assert again.part_fingerprint(np.arange(40, 70), changed) != second_part
 
 
+def test_a_fingerprint_without_reading_counts_the_files_and_hashes_none(two_files, tmp_path, monkeypatch):
+    import betonbuild.sources.cached_hashes as cached
+
+    monkeypatch.setattr(cached, "sha256_file", lambda path: pytest.fail(f"{path} was read for its digest"))
+    counted = ParquetSource.open(make_spec(str(two_files)), tmp_path).inputs_fingerprint(read_files=False)
+    sizes = sum(p.stat().st_size for p in two_files.glob("*.parquet"))
+    assert counted == {"files": 2, "bytes": sizes, "sha256": None}  # the CLI's direct write
+
+
 # -- config errors -------------------------------------------------------------------------------
 
 
