@@ -385,11 +385,13 @@ def safe_writer_class():
 
         def shutdown(self) -> None:
             """Ends every worker and releases the shared memory, whatever state the write is in."""
-            for p in getattr(self, "processes", []):
+            # A start() interrupted by a signal leaves a Process that never ran: nothing to end.
+            started = [p for p in getattr(self, "processes", []) if p.pid is not None]
+            for p in started:
                 if p.exitcode is None:
                     p.terminate()
             deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
-            for p in getattr(self, "processes", []):
+            for p in started:
                 p.join(timeout=max(0.0, deadline - time.monotonic()))
                 if p.exitcode is None:
                     p.kill()

@@ -221,7 +221,15 @@ def _picklable(error: BaseException) -> BaseException:
 def _signals_raise():
     """SIGTERM/SIGINT during a write become an exception, so cleanup runs (Snakemake sends SIGTERM)."""
 
+    owner = os.getpid()
+
     def handler(signum, _frame):
+        if os.getpid() != owner:
+            # A worker forked a moment ago inherits this handler until it sets its own; raising
+            # there would unwind the parent's stack copied into the child. It dies as it should.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         raise WriteInterrupted(f"write interrupted by {signal.Signals(signum).name}")
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -79,3 +79,24 @@ def test_our_errors_cross_a_process_boundary_whole():
     ):
         back = pickle.loads(pickle.dumps(error))
         assert type(back) is type(error) and str(back) == str(error) and vars(back) == vars(error)
+
+
+def test_a_process_forked_during_a_write_dies_of_sigterm_instead_of_raising_in_the_parents_stack():
+    """A worker that gets SIGTERM between fork and setting its own handler (the parent ending the
+    workers right after starting them) must die of it; raising WriteInterrupted there would unwind
+    a copy of the parent's stack, here pytest's, in the child."""
+    import os
+    import signal
+
+    from betonbuild.write.writer import _signals_raise
+
+    with _signals_raise():
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            finally:
+                os._exit(3)  # reached only when the handler raised
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
