@@ -9,6 +9,7 @@ version is pinned here and checked by ``tests/unit/compat``.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from functools import lru_cache
 
@@ -78,10 +79,22 @@ def _load_libffcv():
     return lib, None
 
 
+# tjDecompress2's arguments after its handle: the JPEG (pointer, size), the output, width, pitch,
+# height, pixel format and flags; gray_jpeg's numba-callable prototype passes the handle as an integer.
+TJ_DECOMPRESS2_AFTER_HANDLE = (
+    ctypes.c_void_p,
+    ctypes.c_ulong,
+    ctypes.c_void_p,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+)
+
+
 @lru_cache(maxsize=1)
 def turbojpeg():
-    import ctypes
-
     if libffcv() is None:  # loading it loads the libturbojpeg that _libffcv links against
         return None
     try:
@@ -92,17 +105,7 @@ def turbojpeg():
     lib.tjDestroy.argtypes = [ctypes.c_void_p]
     int_p = ctypes.POINTER(ctypes.c_int)
     lib.tjDecompressHeader3.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulong, int_p, int_p, int_p, int_p]
-    lib.tjDecompress2.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_ulong,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-    ]
+    lib.tjDecompress2.argtypes = [ctypes.c_void_p, *TJ_DECOMPRESS2_AFTER_HANDLE]
     return lib
 
 

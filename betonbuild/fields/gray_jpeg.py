@@ -8,7 +8,7 @@ import ctypes
 
 import numpy as np
 
-from betonbuild._compat.ffcv_ctypes import turbojpeg
+from betonbuild._compat.ffcv_ctypes import TJ_DECOMPRESS2_AFTER_HANDLE, turbojpeg
 
 TJPF_GRAY = 6  # libturbojpeg's one-channel pixel format
 TJFLAG_FASTDCT = 2048  # the flag ffcv's own imdecode decodes with
@@ -41,16 +41,6 @@ def decode_gray_jpeg(data: np.ndarray, height: int, width: int) -> np.ndarray:
 def tj_decompress():
     """(the library, tjDecompress2 taking its handle as an integer): callable from numba-compiled code."""
     lib = _library()
-    prototype = ctypes.CFUNCTYPE(
-        ctypes.c_int,
-        ctypes.c_uint64,  # the handle, kept in a uint64 array per thread
-        ctypes.c_void_p,
-        ctypes.c_ulong,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-    )
+    # the handle as an integer: kept in a uint64 array per thread
+    prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, *TJ_DECOMPRESS2_AFTER_HANDLE)
     return lib, prototype(ctypes.cast(lib.tjDecompress2, ctypes.c_void_p).value)
