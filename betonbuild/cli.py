@@ -92,7 +92,15 @@ def _write(args) -> int:
     spec = _dataset(args.config, args.dataset)
     with tempfile.TemporaryDirectory() as tmp:
         manifest = _manifest(spec, tmp, hash_inputs=False)
-        record = build(spec, manifest, args.output, args.output + ".write.json", threads=args.workers, smoke=args.smoke)
+        record = build(
+            spec,
+            manifest,
+            args.output,
+            args.output + ".write.json",
+            threads=args.workers,
+            smoke=args.smoke,
+            evidence=False,
+        )
     print(json.dumps(record, indent=2))
     return 0
 

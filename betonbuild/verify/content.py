@@ -24,6 +24,7 @@ from betonbuild.fields import FIELD_KINDS, field_kind
 from betonbuild.fields.kept_jpeg import KeptJPEG, keep_or_reason, keeps_source_jpeg
 from betonbuild.mapped_pages import release_mapped
 from betonbuild.verify.images import DecoderCount, StoredImages, decode_source_image
+from betonbuild.verify.measured import decoder_count
 from betonbuild.write.contract import check_sample, check_value
 
 CHUNK_ROWS = 4096  # positions compared at once: bounds the memory of the vectorised comparison
@@ -46,15 +47,19 @@ class Context:
     selected: np.ndarray  # per position: whether its variable fields are compared
     positions_per_task: int
     tolerance: float
+    # field -> its statistics as the write measured them (``verify.measured``): not compared again
+    measured: dict[str, dict] = dc_field(default_factory=dict)
 
     @classmethod
-    def build(cls, beton, spec, source, indices, mode, threads) -> Context:
+    def build(cls, beton, spec, source, indices, mode, threads, measured: dict | None = None) -> Context:
+        measured = measured or {}
         fixed = [(i, f) for i, f in enumerate(spec.fields) if field_kind(f).fixed_size]
         variable = [(i, f) for i, f in enumerate(spec.fields) if not field_kind(f).fixed_size]
+        compared = [f for _, f in variable if f.name not in measured]
         selected = np.zeros(len(indices), dtype=bool)
-        if variable:
+        if compared:
             selected[_sampled_positions(spec, len(indices), mode == "full")] = True
-        heavy = variable and mode == "full"
+        heavy = compared and mode == "full"
         per_task = int(np.clip(len(indices) // (threads * 8), MIN_TASK_ROWS, MAX_TASK_ROWS)) if heavy else CHUNK_ROWS
         return cls(
             beton,
@@ -68,7 +73,21 @@ class Context:
             selected,
             per_task,
             float(spec.verify["jpeg_mean_abs_error"]),
+            measured,
         )
+
+    @property
+    def compared(self) -> list[tuple[int, Any]]:
+        """The variable fields compared sample by sample with the source: all but the measured ones."""
+        return [(i, f) for i, f in self.variable if f.name not in self.measured]
+
+    def add_measured(self, tally: Tally, refused: dict[str, str]) -> None:
+        """The measured fields' statistics, and why the others' measurements were not used."""
+        for name, stats in self.measured.items():
+            tally.variable[name] = dict(stats)
+            tally.decoders[name] = decoder_count(stats)
+        for name, reason in refused.items():
+            tally.stats(name)["measured_not_used"] = reason
 
     def variable_checks(self) -> list[str]:
         """The report checks of the variable fields (``FieldKind.verify_check``), in a fixed order."""
@@ -202,7 +221,7 @@ def _compare_positions(ctx: Context, chunk: Chunk, tally: Tally) -> Tally:
                 expected[f.name].append(None)
             tally.problem(position, "", f"reading source index {index} failed: {type(exc).__name__}: {exc}")
             if selected:
-                for _, f in ctx.variable:
+                for _, f in ctx.compared:
                     _count(tally.stats(f.name), mismatch=True)
             continue
         for i, f in fetched_fixed:
@@ -258,7 +277,7 @@ def _mismatching(found: np.ndarray, expected: np.ndarray) -> np.ndarray:
 
 
 def _compare_variable(ctx: Context, stored: Chunk, index: int, sample: tuple, tally: Tally) -> None:
-    for column, field in ctx.variable:
+    for column, field in ctx.compared:
         stats = tally.stats(field.name)
         try:
             problem = field_kind(field).compare(field, stored, sample[column], stats)
@@ -279,7 +298,7 @@ def _fast_image(ctx: Context, stored: Chunk, index: int, tally: Tally) -> bool:
     data = ctx.source.encoded_image(index)
     if data is None:
         return False
-    field = ctx.variable[0][1]
+    field = ctx.compared[0][1]
     # A JPEG the writer keeps is verified by its bytes (and one decode of the stored copy), never by pixels
     value = keep_or_reason(field, data.tobytes()) if keeps_source_jpeg(field) else None
     if not isinstance(value, KeptJPEG):

@@ -55,7 +55,10 @@ def start_loader_process(spec: DatasetSpec, threads: int = 2) -> LoaderProcess |
     ffcv meanwhile, then waits for ``request``. None where the comparisons need ffcv's modules
     anyway (``content_without_ffcv``: the batch then runs on a thread), for a job of one thread
     (a second process would use a core Snakemake did not give it: the parts' verifications run
-    side by side), or where no process can start."""
+    side by side), or where no process can start. Nor where this process imported ffcv already (the
+    smoke job's gate, after its write): the batch then costs no import, only its run."""
+    if "ffcv.loader" in sys.modules:
+        return None
     return LoaderProcess.start() if threads > 1 and content_without_ffcv(spec) else None
 
 

@@ -33,6 +33,7 @@ from betonbuild.sources import sha256_file
 from betonbuild.verify.content import Context, fixed_result, run_content, variable_result
 from betonbuild.verify.images import decoder_result, load_decoders
 from betonbuild.verify.loader import LoaderProcess, check_loader_batch, import_ffcv, start_loader_process
+from betonbuild.verify.measured import accepted_measurements
 from betonbuild.verify.structure import allowed_empty, check_fields, check_format_version, check_structure
 from betonbuild.write.skips import SkippedSample, summary
 
@@ -83,6 +84,8 @@ def verify_beton(
     loader: LoaderProcess | None = None,
     skipped: list[SkippedSample] | None = None,
     skip_limit: int | None = None,
+    measured: dict[str, Any] | None = None,
+    written_loader_batch: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``indices[i]`` is the source index that sample i of ``path`` must hold, but for the positions
     ``skipped`` lists (the write record's skipped samples): the file holds the others, in order.
@@ -93,6 +96,11 @@ def verify_beton(
     with ``mode: auto`` its own comparison with the source is then a seeded sample.
     ``loader``: what ``start_loader_process(spec)`` returned, if the caller started it earlier (it
     is then already importing ffcv); verify_beton starts one itself otherwise, and ends it either way.
+    ``measured``: the write record's ``measured_images``, when it was written from this source as it
+    is now (``verify.measured`` decides, per field, whether they describe this file).
+    ``written_loader_batch``: the passed ``loader_batch`` the write job ran ({ok, detail, sha256},
+    ``workflow.write_evidence``): ffcv is then not imported here at all, and the check passes if
+    this file's SHA-256 is the one the write job read.
     """
     started = time.monotonic()
     threads = max(1, int(threads or 1))
@@ -121,11 +129,26 @@ def verify_beton(
     if skipped is not None:
         result["num_samples"]["planned"] = planned
         result["skipped"] = summary(sorted(skipped, key=lambda s: s.position), skip_limit or 0, planned)
-    loader = loader or start_loader_process(spec, threads)
+    if written_loader_batch is None:
+        loader = loader or start_loader_process(spec, threads)
     with ThreadPoolExecutor(threads) as pool:
         file_hash = pool.submit(sha256_file, path)
         try:
-            _verify_file(spec, source, indices, path, mode, pool, threads, report, result, parts, loader)
+            _verify_file(
+                spec,
+                source,
+                indices,
+                path,
+                mode,
+                pool,
+                threads,
+                report,
+                result,
+                parts,
+                loader,
+                measured,
+                written_loader_batch and _Answered(written_loader_batch, file_hash),
+            )
         finally:
             result["file"]["sha256"] = file_hash.result()
             if loader is not None:
@@ -147,6 +170,8 @@ def _verify_file(
     result: dict,
     parts: list[dict] | None,
     child: LoaderProcess | None,
+    measured: dict[str, Any] | None,
+    written_batch: _Answered | None,
 ) -> None:
     version = check_format_version(path)
     if version is not None and not report.check("format_version", *version):
@@ -171,7 +196,9 @@ def _verify_file(
     # thread they would starve the comparing threads, which need the GIL between decodes. When the
     # comparisons need none of ffcv's modules, the child process (``start_loader_process``) runs the
     # Loader batch meanwhile, and this one never imports ffcv.
-    if child is None:
+    if written_batch is not None:
+        loader = written_batch if structure_ok else None
+    elif child is None:
         import_ffcv()  # here, before the pool runs: the comparisons or the Loader batch need ffcv's modules
         loader = pool.submit(check_loader_batch, beton, spec) if structure_ok else None
     else:
@@ -179,9 +206,14 @@ def _verify_file(
     # The block hashes of the content digest first (short tasks), then the chunks of positions.
     leaves = _submit_leaves(pool, beton, 0, beton.num_samples)
     part_leaves = [_submit_leaves(pool, beton, p["start"], p["stop"]) for p in parts or []]
-    context = Context.build(beton, spec, source, indices, mode, threads)
+    tolerance = float(spec.verify["jpeg_mean_abs_error"])
+    accepted, refused = (
+        ({}, {}) if not structure_ok else accepted_measurements(beton, measured, len(indices), tolerance, pool)
+    )
+    context = Context.build(beton, spec, source, indices, mode, threads, accepted)
     try:
         tally = run_content(context, pool)
+        context.add_measured(tally, refused)
     except Exception as exc:  # noqa: BLE001 - a comparison that crashes is a failed check, reported
         report.check("content", False, f"comparing the file with its source failed: {type(exc).__name__}: {exc}")
         tally = None
@@ -206,6 +238,22 @@ def _verify_file(
         )
     else:
         report.run("loader_batch", loader.result)
+
+
+class _Answered:
+    """The write job's Loader batch, where the Future of a batch run here would be: its answer holds
+    for this file when the file's SHA-256 (``file_hash``) is the one the write job took."""
+
+    def __init__(self, batch: dict[str, Any], file_hash: Future):
+        self.batch, self.file_hash = batch, file_hash
+
+    def result(self) -> tuple[bool, str]:
+        if self.file_hash.result() != self.batch["sha256"]:
+            return False, (
+                "the file changed since the write job read it through ffcv.Loader (its SHA-256 differs); "
+                "rewrite it: `snakemake --forcerun write` for this dataset"
+            )
+        return True, f"{self.batch['detail']} (run by the write job on this file: the same SHA-256)"
 
 
 def _without_skipped(

@@ -29,7 +29,7 @@ from betonbuild.sources.folder_listing import write_listing
 from betonbuild.sources.image_folder import ImageFolderSource
 from betonbuild.sources.shards import shard_list
 from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
-from betonbuild.workflow import onepass, skipped, smoke_copy
+from betonbuild.workflow import onepass, skipped, smoke_copy, write_evidence
 from betonbuild.workflow.partitions import (
     partition_bounds,
     parts_digest,
@@ -166,9 +166,14 @@ def build(
     survey_path: str | None = None,
     part: int | None = None,
     log=sys.stderr,
+    evidence: bool = True,
 ) -> dict[str, Any]:
     """Writes the smoke or full .beton, or one part of a partitioned one, and a record of the write
     (its rows and the ffcv build).
+
+    ``evidence``: the record also holds what its verification reuses (``workflow.write_evidence``):
+    the measured images and, but for the smoke file, the Loader batch. ``betonbuild write`` passes
+    False: its record is bound to no fingerprinted source, so nothing could reuse them.
 
     The smoke stage first surveys its samples and the largest ones (``survey_path``, inspect.json) and
     reads a few twice (``write.determinism``). A bad sample is saved under ``results/{ds}/failure/``
@@ -190,7 +195,8 @@ def build(
         write_json(record_path, record)
         return record
     with open(manifest_path) as fh:
-        skip = skipped.write_limit(spec, len(rows), json.load(fh)["num_samples"], stage)
+        manifest = json.load(fh)
+    skip = skipped.write_limit(spec, len(rows), manifest["num_samples"], stage)
     try:
         if survey_path:
             order = rows_to_write(spec, source, manifest_path, smoke=False)
@@ -215,6 +221,7 @@ def build(
             log=log,
             work_items=source.work_items(rows),  # shards: each opened and read once, by one worker
             skip=skip,
+            measure_images=evidence,
         )
     except SourceNotDeterministic:
         raise  # every read passes the contract: there is no failing sample to save and replay
@@ -229,9 +236,11 @@ def build(
     if not smoke and part is None:
         skipped.publish(spec, failure_dir.parent, record, len(rows))
     record.update(dataset=spec.name, stage=stage, rows_sha256=rows_digest(rows), provenance=ffcv_build())
+    record["source_state"] = write_evidence.source_state(manifest, part)
+    if evidence and not smoke and (batch := write_evidence.loader_batch_after_write(spec, beton_path)):
+        record["loader_batch"] = batch  # its verification need not import ffcv for this batch
     if part is not None:
-        with open(manifest_path) as fh:
-            record.update(part=part, fingerprint=json.load(fh)["partitions"][part]["fingerprint"])
+        record.update(part=part, fingerprint=manifest["partitions"][part]["fingerprint"])
     write_json(record_path, record)
     return record
 
@@ -367,7 +376,15 @@ def verify_dataset(
         if loader is not None:
             loader.close()
         return _publish_report(reused, report_path, failed_report_path)
-    loader = loader or start_loader_process(spec, threads or 1)  # it imports ffcv while the source is opened
+    with open(record_path) as fh:
+        record = json.load(fh)
+    written_batch = write_evidence.written_loader_batch(record)
+    if written_batch is not None and loader is not None:
+        loader.close()  # the write job read this file through ffcv.Loader already
+    if written_batch is None:
+        loader = loader or start_loader_process(spec, threads or 1)  # it imports ffcv while the source is opened
+    else:
+        loader = None
     streamed = source_class(spec).one_pass and not smoke
     try:
         if streamed:  # an iterable: a second iteration, compared in stream order by one thread
@@ -376,8 +393,6 @@ def verify_dataset(
         else:
             source = open_source(spec, Path(manifest_path).parent)
             rows = rows_to_write(spec, source, manifest_path, smoke, part)
-        with open(record_path) as fh:
-            record = json.load(fh)
         if record.get("rows_sha256") != rows_digest(rows):
             raise VerificationError(f"{record_path} was written for other rows than the manifest now gives")
         with open(manifest_path) as fh:
@@ -393,6 +408,8 @@ def verify_dataset(
             threads=threads or 1,
             parts=parts,
             loader=loader,
+            measured=write_evidence.measured_for(spec, record, manifest, part),
+            written_loader_batch=written_batch,
             **_skipped_rows(record),
         )
     finally:

@@ -32,6 +32,7 @@ from betonbuild.errors import SampleError, SourceError, WriteError
 from betonbuild.fields import build_fields
 from betonbuild.fields.kept_jpeg import keep_failure, keep_tally, keeps_source_jpeg, reason_of, resolve_source_jpeg
 from betonbuild.write.contract import check_sample, sample_to_tuple
+from betonbuild.write.image_measure import image_measure
 from betonbuild.write.progress import Progress
 from betonbuild.write.skips import SkipLimit, SkippedSample, record_entry, sample_location, skipped_from_error
 from betonbuild.write.workplan import WorkPlan
@@ -58,6 +59,10 @@ class CheckedDataset:
 
     def __len__(self) -> int:
         return len(self.source)
+
+    def index_now(self) -> int | None:
+        """The source index of the sample being written (ffcv encodes it right after reading it)."""
+        return self.current_index
 
     def __getitem__(self, index) -> tuple:
         index = int(index)  # ffcv passes np.int64, which user code (e.g. JSON values) may not expect
@@ -260,6 +265,7 @@ def write_beton(
     log=None,
     work_items: list[list[tuple[int, int]]] | None = None,
     skip: SkipLimit | None = None,
+    measure_images: bool = True,
 ) -> dict[str, Any]:
     """Writes ``source[order[i]]`` as sample i of ``target``; returns a record of the write.
 
@@ -270,13 +276,19 @@ def write_beton(
 
     ``skip``: leave bad samples out, up to its limit (``TooManyBadSamples`` beyond, nothing written);
     the record then says which (``"skipped"``, positions among ``order``) and ``num_samples`` is
-    what the file holds.
+    what the file holds. ``measure_images``: re-encoded images are measured as they are written
+    (``write.image_measure``; the record's ``"measured_images"``).
     """
     log = log or sys.stderr
     plan = WorkPlan.even(order, spec.writer.chunksize) if work_items is None else WorkPlan.groups(work_items)
     del work_items
     dataset = CheckedDataset(spec, source)
     fields = build_fields(spec)
+    measure = image_measure(spec, len(source)) if measure_images else None  # re-encoded: error and CRC
+    for field in spec.fields if measure is not None else []:
+        if field.name in measure.rows:
+            max_resolution = field.options.get("max_resolution")
+            fields[field.name] = measure.wrap(field.name, fields[field.name], max_resolution, dataset.index_now)
     num_workers = max(1, min(num_workers, len(order)))
     progress = Progress(label or spec.name, len(order), stream=log)
     writer_class = safe_writer_class()
@@ -310,4 +322,7 @@ def write_beton(
         record["skipped"] = record_entry(sorted(writer.skipped, key=lambda s: s.position), skip.limit)
     if dataset.keep_tally is not None:  # per field: kept and re-encoded images, and why
         record["source_jpeg"] = dataset.keep_tally.summary(order)
+    if measure is not None:
+        skipped_positions = [s.position for s in writer.skipped]
+        record["measured_images"] = measure.summary(np.delete(order, skipped_positions) if skipped_positions else order)
     return record

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -491,10 +492,12 @@ def test_stored_jpegs_are_decoded_by_ffcvs_own_imdecode_and_headers_read_as_jpeg
     ],
 )
 def test_the_loader_batch_runs_in_a_child_process_only_when_the_comparisons_need_nothing_of_ffcv(
-    fields, kind, ffcv_free
+    fields, kind, ffcv_free, monkeypatch
 ):
     from betonbuild.verify import start_loader_process
     from betonbuild.verify.loader import content_without_ffcv
+
+    monkeypatch.delitem(sys.modules, "ffcv.loader", raising=False)  # as in a verify job's own process
 
     source = {
         "image_folder": {"kind": "image_folder", "root": "photos"},
@@ -510,10 +513,14 @@ def test_the_loader_batch_runs_in_a_child_process_only_when_the_comparisons_need
     if loader is not None:  # never asked: closing it ends it
         loader.close()
         assert loader.process.returncode is not None
+    monkeypatch.setitem(sys.modules, "ffcv.loader", sys.modules.get("ffcv.loader", object()))
+    assert start_loader_process(spec) is None  # ffcv imported already (the smoke job's gate): no child
 
 
-def test_the_loader_process_reports_a_file_it_cannot_read_as_a_failed_check(tmp_path: Path):
+def test_the_loader_process_reports_a_file_it_cannot_read_as_a_failed_check(tmp_path: Path, monkeypatch):
     from betonbuild.verify import start_loader_process
+
+    monkeypatch.delitem(sys.modules, "ffcv.loader", raising=False)  # as in a verify job's own process
 
     spec = load_config(
         {"datasets": {"d": {"source": {"kind": "arrays", "columns": {"a": "a.npy"}}, "fields": {"a": {"type": "int"}}}}}

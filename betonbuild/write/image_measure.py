@@ -1,0 +1,123 @@
+"""Re-encoded images measured as they are written, so that the full verification need not decode
+each source image and resize it a second time.
+
+An ``rgb_image`` field with ``source_jpeg: reencode`` (ffcv's way) is resized here, with ffcv's own
+resizer, and handed to ffcv's encode already at its stored size (ffcv then resizes nothing: the bytes
+are the ones plain ffcv writes). The payload ffcv just copied into its page is decoded once by ffcv's
+own ``imdecode`` (as a Loader decodes it) and compared with the pixels it was encoded from; each
+sample's JPEG error and the CRC-32 of its stored bytes go to memory shared with the forked workers.
+The write record keeps, per field, the error statistics and one SHA-256 over the CRCs in file order.
+
+The full verification reads every stored payload back and computes the same digest
+(``betonbuild.verify.measured``): equal, the measured statistics are those of exactly these bytes;
+different, or anything not measured, and it compares every image with its source as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from betonbuild._compat.ffcv_ctypes import ffcv_imdecode, libffcv
+from betonbuild.beton.format import IMAGE_MODE_RAW
+from betonbuild.config.spec import DatasetSpec
+from betonbuild.fields.kept_jpeg import keeps_source_jpeg
+from betonbuild.fields.rgb_image import ffcv_resizer
+
+MEASURE = np.dtype([("crc", "<u4"), ("mean", "<f4"), ("worst", "u1"), ("state", "u1")])
+NOT_WRITTEN, JPEG, RAW, UNMEASURED = 0, 1, 2, 3  # ``state``: UNMEASURED where imdecode refused the JPEG
+DIGEST_BLOCK = 1 << 20  # rows hashed at a time: the summary's memory does not grow with the dataset
+
+
+def measured_fields(spec: DatasetSpec) -> list[str]:
+    """The fields whose images are measured as written: ``rgb_image`` fields that re-encode."""
+    return [f.name for f in spec.fields if f.type == "rgb_image" and not keeps_source_jpeg(f)]
+
+
+class ImageMeasure:
+    """Per measured field, one ``MEASURE`` row per source index, in memory the workers share."""
+
+    def __init__(self, names: list[str], length: int):
+        self.length = length
+        self.rows = {
+            name: np.frombuffer(mmap.mmap(-1, max(length, 1) * MEASURE.itemsize), dtype=MEASURE)[:length]
+            for name in names
+        }
+
+    def wrap(self, name: str, ffcv_field, max_resolution: int | None, current_index: Callable[[], int | None]):
+        """``ffcv_field`` whose encode measures what it stores for the source index being written."""
+        encode, rows = ffcv_field.encode, self.rows[name]
+
+        def measured_encode(destination, image, malloc):
+            index = current_index()
+            if not isinstance(image, np.ndarray) or index is None or not 0 <= index < len(rows):
+                return encode(destination, image, malloc)  # a replayed sample, a value ffcv will refuse
+            image = ffcv_resizer(image, max_resolution)  # ffcv's resizer: its own call is then a no-op
+            stored: list[np.ndarray] = []
+
+            def remembering_malloc(size: int):
+                pointer, storage = malloc(size)
+                stored.append(storage)
+                return pointer, storage
+
+            encode(destination, image, remembering_malloc)
+            rows[index] = measure(destination, image, stored[-1])
+
+        ffcv_field.encode = measured_encode
+        return ffcv_field
+
+    def summary(self, order: np.ndarray) -> dict[str, Any]:
+        """Per field, over ``order`` (the source index of each row of the file, in file order): how
+        many rows were measured and how, their JPEG error statistics, and ``payload_crc32_sha256``."""
+        return {name: _summary(rows, order) for name, rows in self.rows.items()}
+
+
+def measure(destination, image: np.ndarray, payload: np.ndarray) -> tuple:
+    """One stored image's ``MEASURE`` row: its CRC-32, and for a JPEG the mean and largest absolute
+    pixel error of ffcv's decode of it against ``image``, the pixels it was encoded from."""
+    import cv2  # the writer's workers have it loaded: ffcv's encode is cv2.imencode
+
+    crc = zlib.crc32(payload)
+    if destination["mode"] == IMAGE_MODE_RAW:
+        return crc, 0.0, 0, RAW  # ffcv copied the pixels themselves
+    height, width = image.shape[:2]
+    decoded = np.empty((height, width, 3), dtype=np.uint8)
+    if libffcv() is None or ffcv_imdecode(payload, decoded, height, width) != 0:
+        return crc, 0.0, 0, UNMEASURED  # the verification compares this field image by image
+    mean = cv2.norm(decoded, image, cv2.NORM_L1) / max(decoded.size, 1)
+    return crc, mean, int(cv2.norm(decoded, image, cv2.NORM_INF)), JPEG
+
+
+def _summary(rows: np.ndarray, order: np.ndarray) -> dict[str, Any]:
+    counts = np.zeros(4, dtype=np.int64)
+    error_sum, error_max, worst = 0.0, 0.0, 0
+    digest = hashlib.sha256()
+    for start in range(0, len(order), DIGEST_BLOCK):
+        block = rows[order[start : start + DIGEST_BLOCK]]
+        counts += np.bincount(block["state"], minlength=4)
+        jpeg = block[block["state"] == JPEG]
+        if jpeg.size:
+            error_sum += float(jpeg["mean"].astype(np.float64).sum())
+            error_max = max(error_max, float(jpeg["mean"].max()))
+            worst = max(worst, int(jpeg["worst"].max()))
+        digest.update(block["crc"].astype("<u4").tobytes())
+    return {
+        "samples": int(len(order)),
+        "jpeg": int(counts[JPEG]),
+        "raw": int(counts[RAW]),
+        "unmeasured": int(counts[NOT_WRITTEN] + counts[UNMEASURED]),
+        "jpeg_mean_abs_error_sum": error_sum,
+        "jpeg_mean_abs_error_max": error_max,
+        "jpeg_max_abs_error_max": worst,
+        "payload_crc32_sha256": digest.hexdigest(),
+    }
+
+
+def image_measure(spec: DatasetSpec, length: int) -> ImageMeasure | None:
+    names = measured_fields(spec)
+    return ImageMeasure(names, length) if names else None
