@@ -123,6 +123,11 @@ class Source:
         """Values of fixed-size fields for many rows at once, indexed by source index."""
         return {}
 
+    def some_fields(self, index: int, columns: list[int]) -> dict[int, Any] | None:
+        """Just these fields (by column) of sample ``index``, for a verification that compares no
+        other; None where only whole samples can be read (then ``self[index]`` is)."""
+        return None
+
     def encoded_image(self, index: int) -> np.ndarray | None:
         """The image of sample ``index`` as it is encoded in the source, if it is kept encoded."""
         return None

@@ -300,36 +300,46 @@ class WebDatasetSource(Source):
             return sample
         return self.decode(sample, int(index))
 
+    def some_fields(self, index: int, columns: list[int]) -> dict[int, Any] | None:
+        """Only these members decoded: a label is read without decoding the sample's image."""
+        if self._pipeline:
+            return None  # the user's pipeline yields whole samples
+        sample = self.raw(int(index))
+        where = f"shard {sample.get('__url__')}, key {sample.get('__key__')}"
+        return {c: self._member(sample, c, int(index), where) for c in columns}
+
     def decode(self, sample: dict, index: int) -> tuple:
         """Decodes just the members the fields need, naming shard, key and field on failure."""
         where = f"shard {sample.get('__url__')}, key {sample.get('__key__')}"
-        values = []
-        for field, alternatives in zip(self.spec.fields, self.keys):
-            ext = next((k for k in alternatives if k in sample), None)
-            if ext is None:
-                present = sorted(k for k in sample if not k.startswith("__"))
-                raise SampleError(
-                    self.spec.name,
-                    field.name,
-                    index,
-                    f"sample has no {' or '.join(alternatives)} member (it has {present})",
-                    location=where,
-                )
-            try:
-                values.append(self.decode_field(field, ext, sample[ext], where))
-            except Exception as exc:  # noqa: BLE001 - any decoder failure is this sample's error
-                if is_decompression_bomb(exc):
-                    set_limit_in = "give the source a `pipeline:` (it then decodes the samples) whose module sets"
-                    message, fix = decompression_bomb(exc, f"its {ext!r} member", set_limit_in)
-                    raise SampleError(self.spec.name, field.name, index, message, fix, location=where) from None
-                raise SampleError(
-                    self.spec.name,
-                    field.name,
-                    index,
-                    f"cannot decode its {ext!r} member: {type(exc).__name__}: {exc}",
-                    location=where,
-                ) from None
-        return tuple(values)
+        return tuple(self._member(sample, column, index, where) for column in range(len(self.spec.fields)))
+
+    def _member(self, sample: dict, column: int, index: int, where: str):
+        """The value of field ``column`` from its member of ``sample``."""
+        field, alternatives = self.spec.fields[column], self.keys[column]
+        ext = next((k for k in alternatives if k in sample), None)
+        if ext is None:
+            present = sorted(k for k in sample if not k.startswith("__"))
+            raise SampleError(
+                self.spec.name,
+                field.name,
+                index,
+                f"sample has no {' or '.join(alternatives)} member (it has {present})",
+                location=where,
+            )
+        try:
+            return self.decode_field(field, ext, sample[ext], where)
+        except Exception as exc:  # noqa: BLE001 - any decoder failure is this sample's error
+            if is_decompression_bomb(exc):
+                set_limit_in = "give the source a `pipeline:` (it then decodes the samples) whose module sets"
+                message, fix = decompression_bomb(exc, f"its {ext!r} member", set_limit_in)
+                raise SampleError(self.spec.name, field.name, index, message, fix, location=where) from None
+            raise SampleError(
+                self.spec.name,
+                field.name,
+                index,
+                f"cannot decode its {ext!r} member: {type(exc).__name__}: {exc}",
+                location=where,
+            ) from None
 
     def decode_field(self, field: FieldSpec, ext: str, payload: bytes, where: str):
         """A member as the field takes it: a JPEG kept as it is (``source_jpeg: keep``), else decoded."""

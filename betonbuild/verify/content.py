@@ -214,7 +214,7 @@ def _compare_positions(ctx: Context, chunk: Chunk, tally: Tally) -> Tally:
         if not fetched_fixed and selected and _fast_image(ctx, chunk.at(position), index, tally):
             continue
         try:
-            sample = check_sample(ctx.spec, ctx.source[index], index)
+            sample = _fetch(ctx, index, fetched_fixed, selected)
         except Exception as exc:  # noqa: BLE001 - a source that changed or fails now is a finding
             failed.append(position)
             for _, f in fetched_fixed:
@@ -231,6 +231,16 @@ def _compare_positions(ctx: Context, chunk: Chunk, tally: Tally) -> Tally:
             _compare_variable(ctx, chunk.at(position), index, sample, tally)
     _compare_fixed(ctx, positions, expected, failed, tally)
     return tally
+
+
+def _fetch(ctx: Context, index: int, fetched_fixed: list[tuple[int, Any]], selected: bool):
+    """The checked sample; only its fixed fields where nothing else of it is compared and the
+    source can give them alone (``Source.some_fields``: a shard's label without decoding its image)."""
+    if not selected or not ctx.compared:
+        values = ctx.source.some_fields(index, [i for i, _ in fetched_fixed])
+        if values is not None:
+            return {i: check_value(ctx.spec.name, f, values[i], index) for i, f in fetched_fixed}
+    return check_sample(ctx.spec, ctx.source[index], index)
 
 
 def _count(stats: dict, mismatch: bool) -> None:

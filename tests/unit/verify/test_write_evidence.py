@@ -180,3 +180,60 @@ def test_skipped_samples_are_left_out_of_the_measured_digest(tmp_path: Path, mon
     no_source_decoding_nor_ffcv(monkeypatch)
     report = verify(w)
     assert report["ok"] and check(report, "variable_fields")["fields"]["image"]["measured_at_write"] == 6
+
+
+def webdataset_build(tmp_path: Path) -> dict:
+    from betonbuild.workflow.stages import make_shard_list
+    from tests.wds_samples import photo_samples, write_shard
+
+    samples = photo_samples()
+    write_shard(tmp_path / "shards" / "a-0.tar", samples[:10])
+    write_shard(tmp_path / "shards" / "a-1.tar", samples[10:])
+    entry = {
+        "source": {
+            "kind": "webdataset",
+            "shards": str(tmp_path / "shards" / "a-{0..1}.tar"),
+            "keys": {"image": "jpg;png", "label": "cls"},
+        },
+        "fields": {"image": {"type": "rgb_image", "write_mode": "jpg"}, "label": {"type": "int"}},
+        "verify": {"mode": "full"},
+    }
+    spec = load_config({"datasets": {"wds": entry}}).datasets["wds"]
+    out = tmp_path / "results"
+    out.mkdir()
+    w = {"spec": spec, "manifest": str(out / "source.json"), "beton": str(out / "wds.beton")}
+    w.update(record=str(out / "wds.write.json"), report=str(out / "v.json"), failed=str(out / "failed.json"))
+    with open(os.devnull, "w") as quiet:
+        make_shard_list(spec, str(out / "shards.json"))
+        make_source_manifest(spec, w["manifest"], plan_parts=False, log=quiet)
+        build(spec, w["manifest"], w["beton"], w["record"], threads=1, log=quiet)
+    return w
+
+
+def test_a_webdataset_verification_reads_its_labels_without_decoding_an_image(tmp_path: Path, monkeypatch):
+    from betonbuild.sources.webdataset import WebDatasetSource
+
+    w = webdataset_build(tmp_path)
+    real = WebDatasetSource.decode_field
+
+    def labels_only(self, field, ext, payload, where):
+        assert field.name != "image", "the verification decoded a shard's image"
+        return real(self, field, ext, payload, where)
+
+    monkeypatch.setattr(WebDatasetSource, "decode_field", labels_only)
+    report = verify(w)
+    assert report["ok"], report["worst"]
+    assert check(report, "fixed_fields")["fields"]["label"] == {"compared": 20, "mismatches": 0}
+    assert check(report, "variable_fields")["fields"]["image"]["measured_at_write"] == 20
+
+    real_some = WebDatasetSource.some_fields
+
+    def one_label_off(self, index, columns):  # the labels read this way are the ones compared
+        values = real_some(self, index, columns)
+        return {**values, 1: values[1] + 1} if index == 3 else values
+
+    monkeypatch.setattr(WebDatasetSource, "some_fields", one_label_off)
+    with pytest.raises(VerificationError):
+        verify(w)
+    failed = json.loads(Path(w["failed"]).read_text())
+    assert "(first: sample 3, source index 3)" in check(failed, "fixed_fields")["detail"]
