@@ -28,6 +28,15 @@ def expected_image(field: FieldSpec, image: np.ndarray) -> np.ndarray:
     return ffcv_resizer(image, field.options["max_resolution"])
 
 
+def jpeg_error(decoded: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
+    """A decoded JPEG's mean and largest absolute pixel error against the pixels it should hold,
+    as the verification reports them (the write's measurements, ``write.image_measure``, too)."""
+    import cv2
+
+    mean = cv2.norm(decoded, expected, cv2.NORM_L1) / max(decoded.size, 1)
+    return mean, int(cv2.norm(decoded, expected, cv2.NORM_INF))
+
+
 def ffcv_target_size(width: int, height: int, target_resolution: int | None) -> tuple[int, int] | None:
     """The (width, height) ``ffcv_resizer`` resizes an image of this size to; None if it keeps it."""
     if target_resolution is None:
@@ -168,8 +177,6 @@ class RGBImageKind(FieldKind):
         return False  # ffcv's resizer is reproduced by ``ffcv_resizer``
 
     def compare(self, field: FieldSpec, stored: StoredSample, value: Any, stats: dict) -> str | None:
-        import cv2
-
         if isinstance(value, KeptJPEG):
             return _compare_kept(field, stored, value, stats)
         expected = expected_image(field, value)
@@ -179,9 +186,7 @@ class RGBImageKind(FieldKind):
         if raw:
             stats["raw"] = stats.get("raw", 0) + 1
             return None if np.array_equal(found, expected) else "raw image pixels differ"
-        expected = np.ascontiguousarray(expected)
-        mean = cv2.norm(found, expected, cv2.NORM_L1) / max(found.size, 1)
-        worst = int(cv2.norm(found, expected, cv2.NORM_INF))
+        mean, worst = jpeg_error(found, np.ascontiguousarray(expected))
         stats["jpeg"] = stats.get("jpeg", 0) + 1
         stats["jpeg_mean_abs_error_sum"] = stats.get("jpeg_mean_abs_error_sum", 0.0) + mean
         stats["jpeg_mean_abs_error_max"] = max(stats.get("jpeg_mean_abs_error_max", 0.0), round(mean, 3))

@@ -27,7 +27,7 @@ from betonbuild._compat.ffcv_ctypes import ffcv_imdecode, libffcv
 from betonbuild.beton.format import IMAGE_MODE_RAW
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.fields.kept_jpeg import keeps_source_jpeg
-from betonbuild.fields.rgb_image import ffcv_resizer
+from betonbuild.fields.rgb_image import ffcv_resizer, jpeg_error
 
 MEASURE = np.dtype([("crc", "<u4"), ("mean", "<f4"), ("worst", "u1"), ("state", "u1")])
 NOT_WRITTEN, JPEG, RAW, UNMEASURED = 0, 1, 2, 3  # ``state``: UNMEASURED where imdecode refused the JPEG
@@ -43,7 +43,6 @@ class ImageMeasure:
     """Per measured field, one ``MEASURE`` row per source index, in memory the workers share."""
 
     def __init__(self, names: list[str], length: int):
-        self.length = length
         self.rows = {
             name: np.frombuffer(mmap.mmap(-1, max(length, 1) * MEASURE.itemsize), dtype=MEASURE)[:length]
             for name in names
@@ -80,8 +79,6 @@ class ImageMeasure:
 def measure(destination, image: np.ndarray, payload: np.ndarray) -> tuple:
     """One stored image's ``MEASURE`` row: its CRC-32, and for a JPEG the mean and largest absolute
     pixel error of ffcv's decode of it against ``image``, the pixels it was encoded from."""
-    import cv2  # the writer's workers have it loaded: ffcv's encode is cv2.imencode
-
     crc = zlib.crc32(payload)
     if destination["mode"] == IMAGE_MODE_RAW:
         return crc, 0.0, 0, RAW  # ffcv copied the pixels themselves
@@ -89,8 +86,7 @@ def measure(destination, image: np.ndarray, payload: np.ndarray) -> tuple:
     decoded = np.empty((height, width, 3), dtype=np.uint8)
     if libffcv() is None or ffcv_imdecode(payload, decoded, height, width) != 0:
         return crc, 0.0, 0, UNMEASURED  # the verification compares this field image by image
-    mean = cv2.norm(decoded, image, cv2.NORM_L1) / max(decoded.size, 1)
-    return crc, mean, int(cv2.norm(decoded, image, cv2.NORM_INF)), JPEG
+    return (crc, *jpeg_error(decoded, image), JPEG)
 
 
 def _summary(rows: np.ndarray, order: np.ndarray) -> dict[str, Any]:
