@@ -236,9 +236,8 @@ def _compare_positions(ctx: Context, chunk: Chunk, tally: Tally) -> Tally:
 def _fetch(ctx: Context, index: int, fetched_fixed: list[tuple[int, Any]], selected: bool):
     """The checked sample; only its fixed fields where nothing else of it is compared and the
     source can give them alone (``Source.some_fields``: a shard's label without decoding its image)."""
-    some_fields = getattr(ctx.source, "some_fields", None)  # an iterable's second pass has none
-    if some_fields is not None and (not selected or not ctx.compared):
-        values = some_fields(index, [i for i, _ in fetched_fixed])
+    if not selected or not ctx.compared:
+        values = ctx.source.some_fields(index, [i for i, _ in fetched_fixed])
         if values is not None:
             return {i: check_value(ctx.spec.name, f, values[i], index) for i, f in fetched_fixed}
     return check_sample(ctx.spec, ctx.source[index], index)

@@ -203,6 +203,9 @@ class StreamSource:
     def encoded_image(self, index: int) -> None:
         return None
 
+    def some_fields(self, index: int, columns: list[int]) -> None:
+        return None  # read forward only: whole samples, in order
+
     def extra_sample(self) -> bool:
         """Whether the second iteration yields more samples than the file holds."""
         if self.ended_at is not None:

@@ -379,11 +379,10 @@ def verify_dataset(
     with open(record_path) as fh:
         record = json.load(fh)
     written_batch = write_evidence.written_loader_batch(record)
-    if written_batch is not None and loader is not None:
-        loader.close()  # the write job read this file through ffcv.Loader already
     if written_batch is None:
         loader = loader or start_loader_process(spec, threads or 1)  # it imports ffcv while the source is opened
-    else:
+    elif loader is not None:
+        loader.close()  # the write job read this file through ffcv.Loader already
         loader = None
     streamed = source_class(spec).one_pass and not smoke
     try:
