@@ -1,4 +1,4 @@
-"""The write's measurements of its re-encoded images (``betonbuild.write.image_measure``), used by
+"""The write's measurements of its images (``betonbuild.write.image_measure``), used by
 the verification in place of decoding every source image again, when they provably describe this
 file: every row measured, none above the tolerance, and the CRC-32s of the payloads read back from
 the file, in file order, hash to the digest the write recorded. Otherwise the field is compared
@@ -39,8 +39,9 @@ def accepted_measurements(
 
 
 def _unusable(entry: dict[str, Any], rows: int, tolerance: float) -> str | None:
-    if entry.get("samples") != rows or entry.get("jpeg", 0) + entry.get("raw", 0) != rows:
-        return f"the write measured {entry.get('jpeg', 0) + entry.get('raw', 0)} of the file's {rows} images"
+    measured = entry.get("jpeg", 0) + entry.get("raw", 0) + entry.get("kept", 0)
+    if entry.get("samples") != rows or measured != rows:
+        return f"the write measured {measured} of the file's {rows} images"
     if entry["jpeg_mean_abs_error_max"] > tolerance:
         return "an image's JPEG error exceeds the tolerance: each is compared to name it"
     return None
@@ -48,8 +49,9 @@ def _unusable(entry: dict[str, Any], rows: int, tolerance: float) -> str | None:
 
 def _as_compared(entry: dict[str, Any]) -> dict[str, Any]:
     stats = {"compared": entry["samples"], "mismatches": 0, "measured_at_write": entry["samples"]}
-    if entry["raw"]:
-        stats["raw"] = entry["raw"]
+    for key in ("raw", "kept"):  # a keeping field's report counts kept ones as it does image by image
+        if entry.get(key):
+            stats[key] = entry[key]
     if entry["jpeg"]:
         stats.update(
             jpeg=entry["jpeg"],
@@ -61,9 +63,9 @@ def _as_compared(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def decoder_count(stats: dict[str, Any]) -> DecoderCount:
-    """The ``image_decoder`` check's count of a measured field: the write decoded every stored JPEG
-    with ffcv's own imdecode (a JPEG it refused would have left the field unmeasured)."""
-    return DecoderCount(ffcv_imdecode=stats.get("jpeg", 0))
+    """The ``image_decoder`` check's count of a measured field: the write decoded every stored JPEG,
+    re-encoded or kept, with ffcv's own imdecode (one it refused would have left the field unmeasured)."""
+    return DecoderCount(ffcv_imdecode=stats.get("jpeg", 0) + stats.get("kept", 0))
 
 
 def stored_crc_digest(beton: BetonFile, name: str, rows: int, pool: ThreadPoolExecutor) -> str | None:

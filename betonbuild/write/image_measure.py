@@ -1,11 +1,15 @@
-"""Re-encoded images measured as they are written, so that the full verification need not decode
-each source image and resize it a second time.
+"""Images measured as they are written, so that the full verification need not read each source
+image again: re-encoded ones need no second decode and resize, kept ones no second read of the source.
 
 An ``rgb_image`` field with ``source_jpeg: reencode`` (ffcv's way) is resized here, with ffcv's own
 resizer, and handed to ffcv's encode already at its stored size (ffcv then resizes nothing: the bytes
 are the ones plain ffcv writes). The payload ffcv just copied into its page is decoded once by ffcv's
 own ``imdecode`` (as a Loader decodes it) and compared with the pixels it was encoded from; each
 sample's JPEG error and the CRC-32 of its stored bytes go to memory shared with the forked workers.
+A JPEG kept as the source had it (``source_jpeg: keep``) is stored by ``fields.kept_jpeg``: its CRC-32
+is taken of the bytes stored, and ffcv's ``imdecode`` decodes them once at their stored size, as a
+Loader's ``SimpleRGBImageDecoder`` would (the proof that ffcv reads it, which the verification's one
+decode of each kept JPEG gave before).
 The write record keeps, per field, the error statistics and one SHA-256 over the CRCs in file order.
 
 The full verification reads every stored payload back and computes the same digest
@@ -26,17 +30,18 @@ import numpy as np
 from betonbuild._compat.ffcv_ctypes import ffcv_imdecode, libffcv
 from betonbuild.beton.format import IMAGE_MODE_RAW
 from betonbuild.config.spec import DatasetSpec
-from betonbuild.fields.kept_jpeg import keeps_source_jpeg
+from betonbuild.fields.kept_jpeg import KeptJPEG
 from betonbuild.fields.rgb_image import ffcv_resizer, jpeg_error
 
 MEASURE = np.dtype([("crc", "<u4"), ("mean", "<f4"), ("worst", "u1"), ("state", "u1")])
-NOT_WRITTEN, JPEG, RAW, UNMEASURED = 0, 1, 2, 3  # ``state``: UNMEASURED where imdecode refused the JPEG
+# ``state``: UNMEASURED where imdecode refused the JPEG; KEPT: a source JPEG stored as it was
+NOT_WRITTEN, JPEG, RAW, UNMEASURED, KEPT = 0, 1, 2, 3, 4
 DIGEST_BLOCK = 1 << 20  # rows hashed at a time: the summary's memory does not grow with the dataset
 
 
 def measured_fields(spec: DatasetSpec) -> list[str]:
-    """The fields whose images are measured as written: ``rgb_image`` fields that re-encode."""
-    return [f.name for f in spec.fields if f.type == "rgb_image" and not keeps_source_jpeg(f)]
+    """The fields whose images are measured as written: the ``rgb_image`` fields."""
+    return [f.name for f in spec.fields if f.type == "rgb_image"]
 
 
 class ImageMeasure:
@@ -54,9 +59,11 @@ class ImageMeasure:
 
         def measured_encode(destination, image, malloc):
             index = current_index()
-            if not isinstance(image, np.ndarray) or index is None or not 0 <= index < len(rows):
+            kept = isinstance(image, KeptJPEG)
+            if not (kept or isinstance(image, np.ndarray)) or index is None or not 0 <= index < len(rows):
                 return encode(destination, image, malloc)  # a replayed sample, a value ffcv will refuse
-            image = ffcv_resizer(image, max_resolution)  # ffcv's resizer: its own call is then a no-op
+            if not kept:
+                image = ffcv_resizer(image, max_resolution)  # ffcv's resizer: its own call is then a no-op
             stored: list[np.ndarray] = []
 
             def remembering_malloc(size: int):
@@ -65,7 +72,7 @@ class ImageMeasure:
                 return pointer, storage
 
             encode(destination, image, remembering_malloc)
-            rows[index] = measure(destination, image, stored[-1])
+            rows[index] = measure_kept(image, stored[-1]) if kept else measure(destination, image, stored[-1])
 
         ffcv_field.encode = measured_encode
         return ffcv_field
@@ -89,13 +96,23 @@ def measure(destination, image: np.ndarray, payload: np.ndarray) -> tuple:
     return (crc, *jpeg_error(decoded, image), JPEG)
 
 
+def measure_kept(image: KeptJPEG, payload: np.ndarray) -> tuple:
+    """A kept JPEG's ``MEASURE`` row: its CRC-32, and KEPT where ffcv's ``imdecode`` decodes it at the
+    frame's size (the stored bytes are the source's: there is no pixel error to measure)."""
+    crc = zlib.crc32(payload)
+    decoded = np.empty((image.height, image.width, 3), dtype=np.uint8)
+    if libffcv() is None or ffcv_imdecode(payload, decoded, image.height, image.width) != 0:
+        return crc, 0.0, 0, UNMEASURED  # the verification compares it, and its decoder check names it
+    return crc, 0.0, 0, KEPT
+
+
 def _summary(rows: np.ndarray, order: np.ndarray) -> dict[str, Any]:
-    counts = np.zeros(4, dtype=np.int64)
+    counts = np.zeros(5, dtype=np.int64)
     error_sum, error_max, worst = 0.0, 0.0, 0
     digest = hashlib.sha256()
     for start in range(0, len(order), DIGEST_BLOCK):
         block = rows[order[start : start + DIGEST_BLOCK]]
-        counts += np.bincount(block["state"], minlength=4)
+        counts += np.bincount(block["state"], minlength=5)
         jpeg = block[block["state"] == JPEG]
         if jpeg.size:
             error_sum += float(jpeg["mean"].astype(np.float64).sum())
@@ -106,6 +123,7 @@ def _summary(rows: np.ndarray, order: np.ndarray) -> dict[str, Any]:
         "samples": int(len(order)),
         "jpeg": int(counts[JPEG]),
         "raw": int(counts[RAW]),
+        "kept": int(counts[KEPT]),
         "unmeasured": int(counts[NOT_WRITTEN] + counts[UNMEASURED]),
         "jpeg_mean_abs_error_sum": error_sum,
         "jpeg_mean_abs_error_max": error_max,

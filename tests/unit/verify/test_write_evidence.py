@@ -237,3 +237,81 @@ def test_a_webdataset_verification_reads_its_labels_without_decoding_an_image(tm
         verify(w)
     failed = json.loads(Path(w["failed"]).read_text())
     assert "(first: sample 3, source index 3)" in check(failed, "fixed_fields")["detail"]
+
+
+def keep_build(tmp_path: Path) -> dict:
+    """A write of real photo JPEGs with ``source_jpeg: keep``: baseline, progressive and greyscale ones
+    kept, one larger than max_resolution re-encoded."""
+    from PIL import Image
+
+    pngs = make_photo_folder(tmp_path / "pngs", per_class=3, size=64)
+    folder = tmp_path / "jpegs"
+    for k, png in enumerate(sorted(pngs.rglob("*.png"))):
+        (folder / png.parent.name).mkdir(parents=True, exist_ok=True)
+        image = Image.open(png).convert("RGB")
+        if k == 1:
+            image = image.convert("L")
+        if k == 4:
+            image = image.resize((96, 96))  # above max_resolution 64: re-encoded
+        image.save(folder / png.parent.name / f"{k}.jpg", quality=90, progressive=k == 2)
+    entry = {
+        "source": {"kind": "image_folder", "root": str(folder)},
+        "fields": {
+            "image": {
+                "type": "rgb_image",
+                "write_mode": "jpg",
+                "max_resolution": 64,
+                "source_jpeg": "keep",
+                "image_mode": "convert",
+            },
+            "label": {"type": "int"},
+        },
+        "verify": {"mode": "full"},
+    }
+    spec = load_config({"datasets": {"kept": entry}}).datasets["kept"]
+    out = tmp_path / "results"
+    out.mkdir()
+    w = {"spec": spec, "manifest": str(out / "source.json"), "beton": str(out / "kept.beton")}
+    w.update(record=str(out / "kept.write.json"), report=str(out / "v.json"), failed=str(out / "failed.json"))
+    with open(os.devnull, "w") as quiet:
+        make_source_manifest(spec, w["manifest"], plan_parts=False, log=quiet)
+        w["written"] = build(spec, w["manifest"], w["beton"], w["record"], threads=1, log=quiet)
+    return w
+
+
+def test_kept_jpegs_are_measured_at_write_and_verified_without_reading_the_source(tmp_path: Path, monkeypatch):
+    w = keep_build(tmp_path)
+    measured = w["written"]["measured_images"]["image"]
+    assert (measured["kept"], measured["jpeg"], measured["unmeasured"]) == (5, 1, 0)
+    assert w["written"]["source_jpeg"]["image"]["kept"] == 5
+    image_by_image = check(
+        verify_beton(w["spec"], open_source(w["spec"]), np.arange(6), w["beton"], ffcv_build()), "variable_fields"
+    )
+    no_source_decoding_nor_ffcv(monkeypatch)
+    monkeypatch.setattr("betonbuild.verify.content.keep_or_reason", lambda *a: pytest.fail("read a source JPEG"))
+    report = verify(w)
+    assert report["ok"], report["worst"]
+    stats = check(report, "variable_fields")["fields"]["image"]
+    assert stats["measured_at_write"] == 6 and (stats["kept"], stats["reencoded"]) == (5, 1)
+    unmeasured = image_by_image["fields"]["image"]
+    assert (unmeasured["kept"], unmeasured["reencoded"]) == (5, 1)
+    assert stats["jpeg_max_abs_error_max"] == unmeasured["jpeg_max_abs_error_max"]
+    assert check(report, "image_decoder")["fields"]["image"] == {"ffcv_imdecode": 6, "cv2_fallback": 0}
+
+
+def test_a_kept_jpeg_changed_after_the_write_is_compared_with_its_source_and_named(tmp_path: Path):
+    w = keep_build(tmp_path)
+    beton = BetonFile(w["beton"])
+    pointer = int(beton.metadata["image"]["data_ptr"][0])
+    size = int(beton.image_sizes("image", np.array([0]))[0])
+    del beton
+    with open(w["beton"], "r+b") as fh:  # the entropy-coded data of a kept JPEG: same size, other bytes
+        fh.seek(pointer + size - 40)
+        fh.write(bytes(range(7, 37)))
+    with pytest.raises(VerificationError):
+        verify(w)
+    failed = json.loads(Path(w["failed"]).read_text())
+    stats = check(failed, "variable_fields")["fields"]["image"]
+    assert "CRC-32" in stats["measured_not_used"]
+    assert "kept JPEG's" in check(failed, "variable_fields")["detail"]
+    assert "sample 0" in check(failed, "variable_fields")["detail"]
