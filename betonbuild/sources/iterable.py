@@ -19,6 +19,7 @@ import hashlib
 import inspect
 import itertools
 import pickle
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from betonbuild.sources.base import Source
 START_PARAMETERS = ("start", "skip")
 # A one-pass source's parts, when the config gives no `samples_per_partition`.
 DEFAULT_SAMPLES_PER_PART = 10_000
+OBJECT_BYTES = 64  # a Python object's header and the reference to it
 
 
 class IterableSource(Source):
@@ -222,6 +224,26 @@ def _feed(digest, value: Any) -> None:
             digest.update(pickle.dumps(value, protocol=5))
         except Exception:  # noqa: BLE001 - an unpicklable object: only its type is known
             digest.update(f"?{type(value).__qualname__}".encode())
+
+
+def held_bytes(value: Any) -> int:
+    """About how much memory a yielded sample holds once the writer has it decoded: arrays, buffers
+    and strings by their bytes, a PIL image by its pixels, anything else by ``sys.getsizeof``; a
+    container adds its items. The write holds a part's samples at once (``write.onepass``)."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes) + OBJECT_BYTES
+    if isinstance(value, (bytes, bytearray, memoryview, str)):
+        return len(value) + OBJECT_BYTES
+    if hasattr(value, "detach") and hasattr(value, "element_size"):  # a torch tensor
+        return int(value.numel() * value.element_size()) + OBJECT_BYTES
+    if hasattr(value, "getbands") and hasattr(value, "size"):  # a PIL image, decoded when written
+        width, height = value.size
+        return width * height * len(value.getbands()) + OBJECT_BYTES
+    if isinstance(value, (tuple, list)):
+        return sum(held_bytes(item) for item in value) + OBJECT_BYTES
+    if isinstance(value, dict):
+        return sum(held_bytes(k) + held_bytes(v) for k, v in value.items()) + OBJECT_BYTES
+    return sys.getsizeof(value)
 
 
 def chained_digest(digests) -> str:

@@ -29,7 +29,7 @@ from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import SampleError, SourceError
 from betonbuild.fields.custom import custom_handlers
 from betonbuild.sources import open_source, source_fingerprint
-from betonbuild.sources.iterable import IterableSource, iterate, starts_itself
+from betonbuild.sources.iterable import IterableSource, held_bytes, iterate, starts_itself
 from betonbuild.workflow import skipped
 from betonbuild.workflow.partitions import plan_smoke, rows_digest
 from betonbuild.workflow.skipped import KEPT_FOR_REPRO
@@ -58,6 +58,8 @@ def make_stream_manifest(spec: DatasetSpec, manifest_path: str, smoke_path: str 
             "first_samples": len(source),
             "samples_per_partition": IterableSource.samples_per_part(spec),
             "factory_starts_itself": starts_itself(spec),
+            # the largest of the first samples in memory: the write holds a part of such samples
+            "sample_bytes": max(held_bytes(sample) for sample in source.samples),
         },
     }
     write_json(manifest_path, manifest)

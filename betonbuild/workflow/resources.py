@@ -11,6 +11,7 @@ What a job holds in RAM:
   write, smoke       + the metadata table in shared memory (samples x record size)
                      + per worker (the job's threads) one page buffer and one forked process
                      (the work plan is the order itself; allocation records go to temp files)
+                     an iterable: one part's samples as yielded, then the merge of the parts
   verify(_smoke)     + the metadata table, + the allocation table's structural checks (the mapped
                      table, a copy sorted by pointer, one check's temporaries), + what it decodes:
                      fixed-size fields in chunks of 4096 rows, one ffcv.Loader batch (its process
@@ -210,7 +211,19 @@ def write_threads(spec: DatasetSpec, cores: int) -> int:
 
 
 def write_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, threads: int, attempt: int = 1) -> int:
+    if source_class(spec).one_pass:
+        return _stream_write_mb(spec, manifest, threads) * attempt
     return _write_mb(spec, num_samples(spec, manifest), threads) * attempt
+
+
+def _stream_write_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, threads: int) -> int:
+    """An iterable's write: one part at a time, whose samples it holds as they were yielded (copied),
+    the largest of the first ones (the manifest's ``stream.sample_bytes``) standing for each; then
+    the merge of the parts, in blocks. Before the manifest exists: the decoded size of a sample."""
+    part = source_class(spec).samples_per_part(spec)
+    sample = ((manifest or {}).get("stream") or {}).get("sample_bytes") or decoded_bytes(spec)
+    held = part * (sample + len(spec.fields) * PYTHON_VALUE_BYTES)
+    return _write_mb(spec, part, threads) + _mb(held)
 
 
 def write_runtime(spec: DatasetSpec, manifest: dict[str, Any] | None, threads: int, attempt: int = 1) -> int:

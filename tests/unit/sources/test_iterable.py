@@ -5,6 +5,7 @@ iteration. Every write is a real ffcv write, run through the stages the rules ru
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -71,6 +72,11 @@ def closing(n=25):
     finally:
         with open("calls.txt", "a") as fh:
             fh.write("closed\\n")
+
+
+def big(n=6):
+    for i in range(n):
+        yield np.full((512, 512), i, dtype=np.float32), i  # 1 MiB a sample
 
 
 def reused_buffer(n=12):
@@ -397,3 +403,25 @@ def test_the_factory_module_is_adapter_code(workdir: Path):
 
     assert write_plan(spec, "a") != write_plan(spec, "b")
     assert write_plan(spec, "a") == write_plan(make_spec(length=25), "a")  # `length` is a check, not content
+
+
+def test_an_iterables_write_declares_the_memory_of_one_part_of_its_samples(workdir: Path):
+    import tracemalloc
+
+    from betonbuild.sources.iterable import _copied
+    from betonbuild.workflow import resources
+
+    fields = {"x": {"type": "ndarray", "dtype": "float32", "shape": [512, 512]}, "y": {"type": "int"}}
+    spec = make_spec("it_stream:big", fields=fields, spp=50)
+    make_source_manifest(spec, str(workdir / "source.json"), smoke_path=str(workdir / "smoke.json"))
+    manifest = json.loads((workdir / "source.json").read_text())
+    held = manifest["stream"]["sample_bytes"]
+    module = importlib.import_module("it_stream")
+    tracemalloc.start()
+    kept = [_copied(sample) for sample in module.big(6)]  # as the write holds a part's samples
+    measured = tracemalloc.get_traced_memory()[0] / len(kept)
+    tracemalloc.stop()
+    assert measured <= held <= 1.1 * measured
+    smaller_parts = make_spec("it_stream:big", fields=fields, spp=10)
+    grown = resources.write_mem_mb(spec, manifest, 2) - resources.write_mem_mb(smaller_parts, manifest, 2)
+    assert grown >= int(40 * held / resources.MB)  # 40 samples more in each part
