@@ -19,6 +19,13 @@ fresh page, which pops the current sample's records off the list's tail, still f
 ``finalize`` appends those files to the .beton. Same records in the same order: with one worker
 the file is byte-identical to plain ffcv's.
 
+The metadata table itself (samples x record size, 2.4 GB at 100M rows) lives in shared memory once,
+but every process counts the pages it touched in its own RSS: the workers their rows, the parent all
+of them as it copies the table into the file. A job's summed RSS (Snakemake's benchmark, ``time``)
+then held it twice. Each worker, every ``RELEASE_EVERY`` samples, and the parent, after each block
+it copies, drop their mapping of those pages (``release_table_pages``); the content stays in
+shared memory, and the next access maps it again.
+
 ffcv's ``prepare`` creates its metadata block in shared memory under a random name (``psm_...``);
 a write killed with SIGKILL together with its resource tracker (a kill of the process group)
 leaves it in /dev/shm for good. Here the block is named ``betonbuild-shm-<pid>-<random>``, and the
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
 import os
 import queue
 import secrets
@@ -72,6 +80,8 @@ CHECKED = (
     ),
 )
 ALLOCATIONS_PER_FLUSH = 1 << 16  # records a worker gathers before moving them to its file (1.5 MiB)
+RELEASE_EVERY = 1 << 16  # samples a worker writes between releases of its table pages
+TABLE_BLOCK = 64 << 20  # bytes of the metadata table the parent copies into the file at a time
 ERROR_GRACE_SECONDS = 1.0  # after a first failure, wait this long for failures at smaller indices
 TERMINATE_GRACE_SECONDS = 3.0
 SHM_DIR = Path("/dev/shm")  # where Linux keeps POSIX shared memory; absent elsewhere (nothing reclaimed)
@@ -153,9 +163,13 @@ def _worker_job(
         metadata = np.frombuffer(metadata_sm.buf, dtype=metadata_type)
         field_names = metadata_type.names
         allocator.__enter__()
+        written = 0
         while (item := _take(next_item)) < plan.num_items:
             destinations, sources = plan.item(item)
             for dest_ix, source_ix in zip(destinations, sources):
+                written += 1
+                if written % RELEASE_EVERY == 0:
+                    release_table_pages(metadata_sm)
                 if skips is None:
                     handle_sample(dataset[source_ix], int(dest_ix), field_names, metadata, allocator, fields)
                 elif _handle_or_skip(dataset, source_ix, int(dest_ix), field_names, metadata, allocator, fields, skips):
@@ -200,6 +214,26 @@ def _stop_after_skips(skip_queue: Queue) -> None:
     skip_queue.close()
     skip_queue.join_thread()
     os._exit(0)
+
+
+def release_table_pages(metadata_sm: shared_memory.SharedMemory, start: int = 0, length: int = 0) -> None:
+    """This process's mapping of the metadata table's pages (from ``start``, ``length`` bytes, 0:
+    to the end) dropped: they no longer count in its RSS, their content stays in shared memory
+    (madvise(2): a shared mapping's pages are mapped again from it on the next access)."""
+    if length or start < metadata_sm.size:
+        metadata_sm._mmap.madvise(mmap.MADV_DONTNEED, start, length or metadata_sm.size - start)  # CPython 3.11's mmap
+
+
+def write_table(fp, metadata_sm: shared_memory.SharedMemory, blocks) -> None:
+    """The metadata table's bytes ``[start, stop)`` of each block, written to ``fp`` in pieces of
+    ``TABLE_BLOCK`` bytes, each piece's pages released once written."""
+    with memoryview(metadata_sm.buf) as table:
+        for start, stop in blocks:
+            for at in range(start, stop, TABLE_BLOCK):
+                end = min(stop, at + TABLE_BLOCK)
+                fp.write(table[at:end])
+                aligned = at - at % mmap.PAGESIZE
+                release_table_pages(metadata_sm, aligned, end - aligned)
 
 
 def _take(counter) -> int:
@@ -322,7 +356,7 @@ def safe_writer_class():
                 return
             with open(self.fname, "r+b") as fp:
                 fp.seek(self.metadata_start)
-                fp.write(self.metadata_sm.buf)
+                write_table(fp, self.metadata_sm, [(0, self.metadata_sm.size)])
                 allocation_table_location = fp.seek(0, os.SEEK_END)
                 for log in allocation_logs:
                     log.seek(0)
@@ -338,10 +372,10 @@ def safe_writer_class():
 
             positions = np.array(sorted(s.position for s in self.skipped), dtype=np.int64)
             row, block = self.metadata_type.itemsize, ALLOC_TABLE_TYPE.itemsize * ALLOCATIONS_PER_FLUSH
-            with memoryview(self.metadata_sm.buf) as metadata, open(self.fname, "r+b") as fp:
+            with open(self.fname, "r+b") as fp:
                 fp.seek(self.metadata_start)
-                for start, stop in kept_blocks(self.num_samples, positions):
-                    fp.write(metadata[start * row : stop * row])
+                kept = kept_blocks(self.num_samples, positions)
+                write_table(fp, self.metadata_sm, [(start * row, stop * row) for start, stop in kept])
                 allocation_table_location = fp.seek(0, os.SEEK_END)  # no data pages: right after the rows
                 for log in allocation_logs:
                     log.seek(0)

@@ -63,8 +63,11 @@ def plain_ffcv(path: Path, order: np.ndarray, chunksize: int) -> None:
 
 @pytest.mark.parametrize("chunksize", [1, 37])
 def test_one_worker_writes_the_bytes_plain_ffcv_writes(tmp_path: Path, monkeypatch, chunksize: int):
-    # records moved to the worker's file every 5 allocations: many moves, some next to page retries
+    # records moved to the worker's file every 5 allocations: many moves, some next to page retries;
+    # the table's pages released every 7 samples, and copied into the file 3 pages at a time
     monkeypatch.setattr(ffcv_writer, "ALLOCATIONS_PER_FLUSH", 5)
+    monkeypatch.setattr(ffcv_writer, "RELEASE_EVERY", 7)
+    monkeypatch.setattr(ffcv_writer, "TABLE_BLOCK", 3 * 4096 + 40)
     order = np.random.default_rng(3).permutation(3000)
     plain_ffcv(tmp_path / "plain.beton", order, chunksize)
     write_beton(rows_spec(chunksize), Rows(3000), order, tmp_path / "ours.beton", num_workers=1)
@@ -83,6 +86,30 @@ def test_two_workers_write_every_sample_and_allocation_once(tmp_path: Path, monk
     table = beton.alloc_table
     assert sorted(table["sample_id"].tolist()) == sorted(list(range(5000)) * 2), "x and meta: one record each"
     assert np.array_equal(beton.metadata["y"], order * 3)
+
+
+def rss_shmem_kib() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("RssShmem:")))
+
+
+def test_released_table_pages_leave_the_rss_and_keep_their_content():
+    from multiprocessing import shared_memory
+
+    block = shared_memory.SharedMemory(create=True, size=64 << 20)
+    try:
+        table = np.frombuffer(block.buf, dtype=np.uint32)
+        table[:] = np.arange(table.size, dtype=np.uint32)  # every page touched
+        touched = rss_shmem_kib()
+        ffcv_writer.release_table_pages(block)
+        assert rss_shmem_kib() < touched - 60_000, "the 64 MiB left this process's RSS"
+        assert np.array_equal(table, np.arange(table.size, dtype=np.uint32)), "and kept their content"
+        ffcv_writer.release_table_pages(block, 4096 * 5, 100)  # a part of one page, mid-table
+        assert int(table[4096 * 5 // 4]) == 4096 * 5 // 4
+        del table
+    finally:
+        block.close()
+        block.unlink()
 
 
 def test_a_plan_by_group_is_the_plan_of_the_groups_lists():
