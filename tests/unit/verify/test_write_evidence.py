@@ -43,19 +43,28 @@ def folder_spec(root: Path, tolerance: float = 8.0, bad_samples: dict | None = N
     return load_config({"datasets": {"photos": entry}}).datasets["photos"]
 
 
+def built(spec, tmp_path: Path, **extra) -> dict:
+    """``spec``'s source manifest and full write in ``tmp_path``/results, as the workflow's jobs make
+    them: the paths, and the write record as ``written``."""
+    from betonbuild.workflow.stages import make_shard_list
+
+    out = tmp_path / "results"
+    out.mkdir()
+    w = {"spec": spec, "manifest": str(out / "source.json"), "beton": str(out / f"{spec.name}.beton"), **extra}
+    w.update(record=str(out / f"{spec.name}.write.json"), report=str(out / "v.json"), failed=str(out / "failed.json"))
+    with open(os.devnull, "w") as quiet:
+        if spec.source["kind"] == "webdataset":
+            make_shard_list(spec, str(out / "shards.json"))
+        make_source_manifest(spec, w["manifest"], plan_parts=False, log=quiet)
+        w["written"] = build(spec, w["manifest"], w["beton"], w["record"], threads=1, log=quiet)
+    return w
+
+
 @pytest.fixture
 def written(tmp_path: Path) -> dict:
     """A full write of a real photo folder, as the workflow's write job makes it."""
     folder = make_photo_folder(tmp_path / "photos", per_class=SAMPLES // 2)
-    out = tmp_path / "results"
-    out.mkdir()
-    spec = folder_spec(folder)
-    paths = {k: str(out / name) for k, name in [("manifest", "source.json"), ("beton", "photos.beton")]}
-    paths.update(record=str(out / "photos.write.json"), report=str(out / "v.json"), failed=str(out / "failed.json"))
-    with open(os.devnull, "w") as quiet:
-        make_source_manifest(spec, paths["manifest"], plan_parts=False, log=quiet)
-        record = build(spec, paths["manifest"], paths["beton"], paths["record"], threads=1, log=quiet)
-    return {"spec": spec, "folder": folder, **paths, "written": record}
+    return built(folder_spec(folder), tmp_path, folder=folder)
 
 
 def verify(w: dict, spec=None) -> dict:
@@ -167,14 +176,8 @@ def test_betonbuild_write_records_no_evidence(tmp_path: Path):
 def test_skipped_samples_are_left_out_of_the_measured_digest(tmp_path: Path, monkeypatch):
     folder = make_photo_folder(tmp_path / "photos", per_class=3)
     (folder / "coffee" / "9.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
-    spec = folder_spec(folder, bad_samples={"policy": "skip", "max": 1})
-    out = tmp_path / "results"
-    out.mkdir()
-    w = {"spec": spec, "folder": folder, "manifest": str(out / "source.json"), "beton": str(out / "photos.beton")}
-    w.update(record=str(out / "photos.write.json"), report=str(out / "v.json"), failed=str(out / "failed.json"))
-    with open(os.devnull, "w") as quiet:
-        make_source_manifest(spec, w["manifest"], plan_parts=False, log=quiet)
-        record = build(spec, w["manifest"], w["beton"], w["record"], threads=1, log=quiet)
+    w = built(folder_spec(folder, bad_samples={"policy": "skip", "max": 1}), tmp_path)
+    record = w["written"]
     assert len(record["skipped"]["samples"]) == 1
     assert record["measured_images"]["image"]["samples"] == 6
     no_source_decoding_nor_ffcv(monkeypatch)
@@ -183,7 +186,6 @@ def test_skipped_samples_are_left_out_of_the_measured_digest(tmp_path: Path, mon
 
 
 def webdataset_build(tmp_path: Path) -> dict:
-    from betonbuild.workflow.stages import make_shard_list
     from tests.wds_samples import photo_samples, write_shard
 
     samples = photo_samples()
@@ -198,16 +200,7 @@ def webdataset_build(tmp_path: Path) -> dict:
         "fields": {"image": {"type": "rgb_image", "write_mode": "jpg"}, "label": {"type": "int"}},
         "verify": {"mode": "full"},
     }
-    spec = load_config({"datasets": {"wds": entry}}).datasets["wds"]
-    out = tmp_path / "results"
-    out.mkdir()
-    w = {"spec": spec, "manifest": str(out / "source.json"), "beton": str(out / "wds.beton")}
-    w.update(record=str(out / "wds.write.json"), report=str(out / "v.json"), failed=str(out / "failed.json"))
-    with open(os.devnull, "w") as quiet:
-        make_shard_list(spec, str(out / "shards.json"))
-        make_source_manifest(spec, w["manifest"], plan_parts=False, log=quiet)
-        build(spec, w["manifest"], w["beton"], w["record"], threads=1, log=quiet)
-    return w
+    return built(load_config({"datasets": {"wds": entry}}).datasets["wds"], tmp_path)
 
 
 def test_a_webdataset_verification_reads_its_labels_without_decoding_an_image(tmp_path: Path, monkeypatch):
@@ -268,15 +261,7 @@ def keep_build(tmp_path: Path) -> dict:
         },
         "verify": {"mode": "full"},
     }
-    spec = load_config({"datasets": {"kept": entry}}).datasets["kept"]
-    out = tmp_path / "results"
-    out.mkdir()
-    w = {"spec": spec, "manifest": str(out / "source.json"), "beton": str(out / "kept.beton")}
-    w.update(record=str(out / "kept.write.json"), report=str(out / "v.json"), failed=str(out / "failed.json"))
-    with open(os.devnull, "w") as quiet:
-        make_source_manifest(spec, w["manifest"], plan_parts=False, log=quiet)
-        w["written"] = build(spec, w["manifest"], w["beton"], w["record"], threads=1, log=quiet)
-    return w
+    return built(load_config({"datasets": {"kept": entry}}).datasets["kept"], tmp_path)
 
 
 def test_kept_jpegs_are_measured_at_write_and_verified_without_reading_the_source(tmp_path: Path, monkeypatch):
