@@ -8,7 +8,8 @@ What a job holds in RAM:
   every job          one Python process that imported ffcv, torch and numba (PROCESS_MB)
   + an .npz source   its arrays, loaded whole (.npy columns are memory-mapped, images read lazily)
   + the sample order one int64 per sample
-  write, smoke       + the metadata table in shared memory (samples x record size)
+  write, smoke       + the metadata table in shared memory (samples x record size); the smoke
+                     stage holds the whole dataset's order beside its own samples' table
                      + per worker (the job's threads) one page buffer and one forked process
                      (the work plan is the order itself; allocation records go to temp files)
                      an iterable: one part's samples as yielded, then the merge of the parts
@@ -234,7 +235,10 @@ def write_runtime(spec: DatasetSpec, manifest: dict[str, Any] | None, threads: i
 
 
 def smoke_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
-    return _write_mb(spec, smoke_samples(spec, manifest), 1) * attempt
+    """The write of the smoke samples, beside the whole dataset's order: the smoke stage draws its
+    samples from it and surveys the largest of them (100M rows: 800 MB of a 1.7 GB job)."""
+    order = num_samples(spec, manifest) * ORDER_BYTES_PER_SAMPLE
+    return (_write_mb(spec, smoke_samples(spec, manifest), 1) + _mb(order)) * attempt
 
 
 def smoke_runtime(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
