@@ -11,7 +11,6 @@ when a pin moves, so the patch is re-read before it can silently misbehave.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import pkgutil
 import sys
 from dataclasses import dataclass
@@ -51,6 +50,8 @@ def check_versions() -> list[str]:
 
 def installed_version(distribution: str) -> str | None:
     """The installed version of ``distribution`` (None if absent); for PYTHON, the interpreter's major.minor."""
+    import importlib.metadata  # why: ~80 ms; every process imports this package, few ask for versions
+
     if distribution == PYTHON:
         return f"{sys.version_info.major}.{sys.version_info.minor}"
     try:
