@@ -30,6 +30,7 @@ from betonbuild.sources.adapters import import_factory
 from betonbuild.sources.base import Source
 from betonbuild.sources.image_limits import decompression_bomb, is_decompression_bomb
 from betonbuild.sources.jpeg import decode_rgb8
+from betonbuild.sources.shard_members import ShardMembers
 from betonbuild.sources.shards import (
     SHARD_LIST,
     expand_shards,
@@ -102,6 +103,7 @@ class WebDatasetSource(Source):
         if spec.source.get("pipeline"):
             self._pipeline = import_factory(spec.name, spec.source["pipeline"])
         self._local = threading.local()  # each thread (and forked worker) reads with its own cursor
+        self._members = ShardMembers()  # some_fields: single members by offset
         self._pid = os.getpid()
 
     @classmethod
@@ -301,12 +303,25 @@ class WebDatasetSource(Source):
         return self.decode(sample, int(index))
 
     def some_fields(self, index: int, columns: list[int]) -> dict[int, Any] | None:
-        """Only these members decoded: a label is read without decoding the sample's image."""
+        """Only these members read and decoded: a label without the sample's image. From an
+        uncompressed shard, only their bytes are read, by offset (``shard_members``)."""
         if self._pipeline:
             return None  # the user's pipeline yields whole samples
-        sample = self.raw(int(index))
+        index = int(index)
+        shard, local = self.location(index)
+        entry = self.entries[shard]
+        found = self._members.sample(entry["path"], entry["size"], int(self.counts[shard]), local)
+        if found is None:
+            sample = self.raw(index)  # compressed, or changed since it was listed: through webdataset
+        else:
+            key, members, read = found
+            sample = {"__key__": key, "__url__": entry["path"], **dict.fromkeys(members)}
+            for column in columns:
+                ext = next((k for k in self.keys[column] if k in members), None)
+                if ext is not None:  # else _member names the missing member
+                    sample[ext] = read(*members[ext])
         where = f"shard {sample.get('__url__')}, key {sample.get('__key__')}"
-        return {c: self._member(sample, c, int(index), where) for c in columns}
+        return {c: self._member(sample, c, index, where) for c in columns}
 
     def decode(self, sample: dict, index: int) -> tuple:
         """Decodes just the members the fields need, naming shard, key and field on failure."""
