@@ -31,7 +31,7 @@ CHUNK_ROWS = 4096  # positions compared at once: bounds the memory of the vector
 MIN_TASK_ROWS, MAX_TASK_ROWS = 16, 256  # positions per pool task when every sample is decoded
 MAX_PROBLEMS = 5
 TASKS_IN_FLIGHT = 64  # chunks submitted to the pool ahead of the one being merged
-RELEASE_EVERY = 1024  # chunks between unmappings of the pages read (4M positions of fixed fields)
+RELEASE_EVERY = 256  # chunks between unmappings of the pages read (1M positions of fixed fields)
 
 
 @dataclass

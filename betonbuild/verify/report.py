@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild.beton.digest import blocks, content_from_leaves, leaf, range_from_leaves
+from betonbuild.beton.digest import blocks, content_from_leaves, leaf_releasing, range_from_leaves
 from betonbuild.beton.format import BetonFile
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError
@@ -342,7 +342,7 @@ def _parts_result(parts: list[dict], futures: list, num_samples: int) -> tuple[b
 
 def _submit_leaves(pool: ThreadPoolExecutor, beton: BetonFile, start: int, stop: int) -> list[Future]:
     """The digest leaves of samples [start, stop), one pool task per block (betonbuild.beton.digest)."""
-    return [pool.submit(leaf, beton, a, b) for a, b in blocks(start, stop)]
+    return [pool.submit(leaf_releasing, beton, k, a, b) for k, (a, b) in enumerate(blocks(start, stop))]
 
 
 def _record_digests(beton: BetonFile, futures: list[Future], result: dict) -> None:

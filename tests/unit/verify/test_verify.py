@@ -429,8 +429,10 @@ def test_the_whole_file_range_digest_comes_from_the_content_digest_leaves(tmp_pa
     with open(os.devnull, "w") as quiet:
         write_beton(spec, source, rows, tmp_path / "d.beton", 1, log=quiet)
     hashed = []
-    real_leaf = verify.leaf
-    monkeypatch.setattr(verify, "leaf", lambda beton, a, b: hashed.append((a, b)) or real_leaf(beton, a, b))
+    real_leaf = verify.leaf_releasing
+    monkeypatch.setattr(
+        verify, "leaf_releasing", lambda beton, k, a, b: hashed.append((a, b)) or real_leaf(beton, k, a, b)
+    )
     report = verify_beton(spec, source, rows, str(tmp_path / "d.beton"), ffcv_build(), threads=2)
     assert report["ok"], report["worst"]
     beton = BetonFile(tmp_path / "d.beton")
