@@ -66,6 +66,7 @@ SIZES = {
     "scale_families": ("folder,arrays,webdataset", "folder,arrays,webdataset"),
     "scale_shard_samples": (1000, 1000),
     "scale_pairs": (1, 1),  # timed rounds per case (no warm-up round)
+    "scale_verify": ("auto", "auto"),  # the cases' verify.mode (full: every sample compared at any N)
     # issue 20 (b12): Parquet rows, JPEGs in an Image column, and whether betonbuild re-encodes or keeps them
     "parquet_rows": (1_000_000, 20_000),
     "parquet_images": (5_000, 300),
