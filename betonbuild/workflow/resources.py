@@ -13,11 +13,11 @@ What a job holds in RAM:
                      + per worker (the job's threads) one page buffer and one forked process
                      (the work plan is the order itself; allocation records go to temp files)
                      an iterable: one part's samples as yielded, then the merge of the parts
-  verify(_smoke)     + the metadata table, + the allocation table's structural checks (the mapped
-                     table, a copy sorted by pointer, one check's temporaries), + what it decodes:
-                     fixed-size fields in chunks of 4096 rows, one ffcv.Loader batch (its process
-                     reads the metadata and allocation tables once more)
-  merge              + one copy of every part's metadata and allocation table (shifted in place)
+  verify(_smoke)     + a flag or two per position, + the windows its passes read of the mapped
+                     file and source (their pages unmapped as they go: a few million samples'
+                     worth), + what it decodes: fixed-size fields in chunks of 4096 rows, one
+                     ffcv.Loader batch (in the write job, or a process that maps the tables)
+  merge              + the parts' tables, in blocks of 2^18 rows
 Both are multiplied by the attempt: with `retries` in the profile, a job killed for running out
 of memory or time is resubmitted asking for more.
 
@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from betonbuild.beton.format import CUSTOM_TYPE_ID, POINTER_TYPES
+from betonbuild.beton.merge_tables import BLOCK_ROWS
 from betonbuild.config.spec import ORDER_BYTES_PER_SAMPLE, DatasetSpec, count_indices
 from betonbuild.errors import SourceError
 from betonbuild.fields import field_kind, metadata_type
@@ -46,10 +47,14 @@ PROCESS_MB = 768  # measured: a job that imported ffcv and torch peaks at 430-53
 WORKER_MB = 256  # a forked writer worker, beyond its page buffer
 ALLOCATION_BYTES = 24  # one allocation-table entry: sample id, pointer, size
 PYTHON_VALUE_BYTES = 160  # a numpy value in a Python list (verifying a python source)
-# verification, per allocation: the mapped table (24), a copy sorted by pointer (32), one structural
-# check's temporaries (32), the Loader process's copy (24). Measured: 4M rows, one allocation each,
-# ~90 bytes traced in the checking process, 40 in the Loader's.
-VERIFY_ALLOCATION_BYTES = 112
+# verification: every pass over the file (structural checks, content digest, comparison) reads its
+# mapped tables and payloads in windows and unmaps what it read, so only the passes' windows are
+# resident, about this many samples' worth at once (1M between the comparison's unmappings, what the
+# pool holds ahead, the digest's 256 blocks); per sample of the whole file it holds the order (8
+# bytes, in _base_mb) and per-position flags. Measured at 100M rows of float32[4] + int64: see
+# docs/cluster.md.
+VERIFY_WINDOW_SAMPLES = 4_000_000
+VERIFY_POSITION_BYTES = 8  # per position of the file: which are compared, and similar flags
 VERIFY_LIVE_CHUNKS = 3  # chunks of fixed-size values alive at once (one per thread of a 2-core job, and one merging)
 LOADER_COPIES = 2  # ffcv.Loader's batch buffer and our decoded copy of it
 UNKNOWN_LENGTH = 1_000_000  # a python/webdataset source's length before its manifest exists
@@ -159,7 +164,10 @@ def _allocations(spec: DatasetSpec, samples: int) -> int:
 
 
 def _verify_mb(spec: DatasetSpec, samples: int) -> int:
-    table = 2 * samples * record_bytes(spec) + _allocations(spec, samples) * VERIFY_ALLOCATION_BYTES
+    window = min(samples, VERIFY_WINDOW_SAMPLES)
+    per_window_sample = record_bytes(spec) + 2 * fixed_bytes(spec)  # the file's record and payload, the source's row
+    mapped = window * per_window_sample + _allocations(spec, window) * ALLOCATION_BYTES
+    table = samples * VERIFY_POSITION_BYTES + mapped
     chunk = min(samples, CHUNK_ROWS) * VERIFY_LIVE_CHUNKS
     if gathers_fixed_values_one_by_one(spec):
         fixed = chunk * (2 * fixed_bytes(spec) + _fixed_fields(spec) * PYTHON_VALUE_BYTES)
@@ -264,10 +272,12 @@ def part_verify_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, part:
 
 
 def merge_mem_mb(spec: DatasetSpec, manifest: dict[str, Any] | None, attempt: int = 1) -> int:
-    """Every part's metadata and allocation table, read once and shifted in place."""
+    """The sample order, and the parts' tables checked, shifted and written in blocks of
+    ``merge_tables.BLOCK_ROWS`` rows (a few MiB at any size)."""
     samples = num_samples(spec, manifest)
-    allocations = _allocations(spec, samples) * ALLOCATION_BYTES
-    return (PROCESS_MB + _mb(samples * record_bytes(spec) + allocations)) * attempt
+    block = min(samples, BLOCK_ROWS)
+    tables = block * record_bytes(spec) + _allocations(spec, block) * ALLOCATION_BYTES
+    return (PROCESS_MB + _mb(samples * ORDER_BYTES_PER_SAMPLE + 2 * tables)) * attempt
 
 
 def merge_runtime(part_paths, attempt: int = 1) -> int:

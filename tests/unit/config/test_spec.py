@@ -710,6 +710,23 @@ def test_smoke_positions_are_the_first_k_then_k_distinct_others():
     assert others.tolist() == sorted(others.tolist())
 
 
+@pytest.mark.parametrize("num_samples, k, seed", [(100, 32, 0), (12345, 64, 7), (3_000_000, 64, 1234)])
+def test_smoke_positions_are_the_ones_drawn_from_the_array_of_the_others_without_making_it(num_samples, k, seed):
+    """The same positions as drawing from ``np.arange(k, num_samples)`` (so that smoke.json, and the
+    smoke file, stay as they were), with memory for the k picks only (800 MB at 100M samples)."""
+    import tracemalloc  # why: only this test measures allocations
+
+    others = np.arange(k, num_samples)
+    drawn = np.sort(np.random.default_rng(seed).choice(others, size=k, replace=False))
+    del others
+    tracemalloc.start()
+    positions = smoke_positions(num_samples, k, seed)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert positions.tolist() == list(range(k)) + drawn.tolist()
+    assert peak < 1 << 20, f"{peak} bytes for {2 * k} positions"
+
+
 def test_smoke_positions_are_reproducible_per_seed_and_differ_between_seeds():
     assert np.array_equal(smoke_positions(1000, 8, seed=4), smoke_positions(1000, 8, seed=4))
     assert not np.array_equal(smoke_positions(1000, 8, seed=4), smoke_positions(1000, 8, seed=5))
