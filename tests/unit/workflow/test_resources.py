@@ -242,15 +242,16 @@ def test_parts(npz):
     assert resources.part_mem_mb(spec, BIG, 0) == 1091
     assert resources.part_runtime(spec, BIG, 0) == 47
     assert resources.part_runtime(wine(partitions=2), None, 1) == 51
-    # + 2.5M x (16-byte record, read again by the Loader's process, + 112 bytes for the ndarray's allocation)
-    assert resources.part_verify_mem_mb(spec, BIG, 0) == 1133
-    assert resources.part_verify_mem_mb(wine(partitions=2), None, 0, attempt=2) == 2 * 1171
+    # 2.5M positions, all within one window: 8 flag bytes, the 16-byte record, the 72-byte row twice (the
+    # file's payload and the source's) and the ndarray's 24-byte allocation each, over 768 + the order
+    assert resources.part_verify_mem_mb(spec, BIG, 0) == 768 + 20 + 459
+    assert resources.part_verify_mem_mb(wine(partitions=2), None, 0, attempt=2) == 2 * 1133
 
 
 def test_merge(npz, tmp_path):
-    # one copy of the tables (shifted in place), one allocation per sample (the int label has none)
-    assert resources.merge_mem_mb(digits(npz), BIG) == 768 + 153 + 229
-    assert resources.merge_mem_mb(wine(), None) == 845  # 1M x (32-byte record + 2 allocations)
+    # the order (10M x 8 bytes), and two blocks of 2^18 rows of the tables (16-byte record, one allocation)
+    assert resources.merge_mem_mb(digits(npz), BIG) == 768 + 97
+    assert resources.merge_mem_mb(wine(), None) == 816  # 1M x 8, and blocks of 32-byte records + 2 allocations
     part = tmp_path / "0.beton"
     with open(part, "wb") as fh:
         fh.truncate(3 << 30)
@@ -261,10 +262,10 @@ def test_merge(npz, tmp_path):
 def test_verify(npz, tmp_path):
     spec = digits(npz)
     assert resources.verify_mem_mb(spec, None) == 770
-    # 10M x (8 order + 2 x 16 record + 112 per allocation): the structural checks and the Loader's process
-    assert resources.verify_mem_mb(spec, BIG) == 2220
+    # 10M x (8 order + 8 flags), and a window of 4M positions' record, payload, source row and allocation
+    assert resources.verify_mem_mb(spec, BIG) == 1625
     # a python source's fixed values are gathered 4096 rows at a time, no longer all at once
-    assert resources.verify_mem_mb(wine(), None) == 1312
+    assert resources.verify_mem_mb(wine(), None) == 1236
     beton = tmp_path / "d.beton"
     with open(beton, "wb") as fh:
         fh.truncate(5 << 30)
