@@ -89,9 +89,8 @@ def measure(destination, image: np.ndarray, payload: np.ndarray) -> tuple:
     crc = zlib.crc32(payload)
     if destination["mode"] == IMAGE_MODE_RAW:
         return crc, 0.0, 0, RAW  # ffcv copied the pixels themselves
-    height, width = image.shape[:2]
-    decoded = np.empty((height, width, 3), dtype=np.uint8)
-    if libffcv() is None or ffcv_imdecode(payload, decoded, height, width) != 0:
+    decoded = _ffcv_decoded(payload, *image.shape[:2])
+    if decoded is None:
         return crc, 0.0, 0, UNMEASURED  # the verification compares this field image by image
     return (crc, *jpeg_error(decoded, image), JPEG)
 
@@ -100,10 +99,18 @@ def measure_kept(image: KeptJPEG, payload: np.ndarray) -> tuple:
     """A kept JPEG's ``MEASURE`` row: its CRC-32, and KEPT where ffcv's ``imdecode`` decodes it at the
     frame's size (the stored bytes are the source's: there is no pixel error to measure)."""
     crc = zlib.crc32(payload)
-    decoded = np.empty((image.height, image.width, 3), dtype=np.uint8)
-    if libffcv() is None or ffcv_imdecode(payload, decoded, image.height, image.width) != 0:
+    if _ffcv_decoded(payload, image.height, image.width) is None:
         return crc, 0.0, 0, UNMEASURED  # the verification compares it, and its decoder check names it
     return crc, 0.0, 0, KEPT
+
+
+def _ffcv_decoded(payload: np.ndarray, height: int, width: int) -> np.ndarray | None:
+    """The stored JPEG decoded by ffcv's own ``imdecode`` at ``height`` x ``width``, as a Loader
+    decodes it; None where the library is absent or it returns non-zero."""
+    decoded = np.empty((height, width, 3), dtype=np.uint8)
+    if libffcv() is None or ffcv_imdecode(payload, decoded, height, width) != 0:
+        return None
+    return decoded
 
 
 def _summary(rows: np.ndarray, order: np.ndarray) -> dict[str, Any]:
