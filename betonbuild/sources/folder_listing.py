@@ -19,6 +19,7 @@ would stat and record them all, minutes before any job starts). Instead:
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import itertools
 import json
@@ -77,7 +78,13 @@ class FolderListing:
         return digest.hexdigest()
 
     def path(self, index: int) -> str:
-        return str(self.root / self.rels[index])
+        return os.path.join(self.root, self.rels[index])
+
+    def paths(self, indices: list[int]) -> list[str]:
+        """The paths of the files at ``indices``: joined as strings (a million ``Path`` objects cost
+        seconds; ``rels`` hold plain relative names)."""
+        prefix = os.path.join(self.root, "")
+        return [prefix + self.rels[i] for i in indices]
 
     def changed_since_listed(self, index: int, stat: os.stat_result) -> str | None:
         """Why the file at ``index`` is not the file listed (its content may not be what the manifest
@@ -104,42 +111,60 @@ def scan_folder(dataset: str, root: Path, extensions: list[str]) -> FolderListin
 
 
 def _parse_found(dataset: str, root: str, classes: list[str], found: bytes) -> FolderListing | None:
-    """``_find``'s lines as a listing in ``scan_folder``'s order, column by column (a million files in
-    about 2 s); None for a line it cannot parse (a file name holding a newline, a time before 1970):
-    the scan then lists the folder itself."""
-    label_of = {name: label for label, name in enumerate(classes)}
+    """``_find``'s lines as a listing in ``scan_folder``'s order, column by column: one split of the
+    whole output, no object per line (a million files in about 2 s). None where a line does not
+    parse (a file name holding a tab or a newline, a time before 1970): the scan then lists the
+    folder itself."""
+    if not found:
+        empty = np.zeros(0, dtype=np.int64)
+        return FolderListing(Path(root), classes, [], empty, empty, empty, empty)
+    cells = found.split(b"\t")  # the path and the next line's size share a cell: split those at the newline
+    lines = found.count(b"\n")
+    if len(cells) != 4 * lines + 1 or not found.endswith(b"\n"):
+        return None  # a tab in a name
+    rest = b"\n".join(cells[4::4]).split(b"\n")  # path, size, path, size, ..., path, b""
+    if len(rest) != 2 * lines:
+        return None  # a newline in a name
+    paths, sizes = rest[0::2], [cells[0], *rest[1:-1:2]]
+    mtimes, inodes, types = cells[1::4], cells[2::4], cells[3::4]
     prefix = len(os.path.join(root, ""))
+    rels = [rel[prefix:] for rel in b"\n".join(paths).decode("utf-8", "surrogateescape").split("\n")]
+    label_of = {name: label for label, name in enumerate(classes)}
+    # files directly in root are not samples, only those in class sub-folders
+    keep = [i for i, rel in enumerate(rels) if "/" in rel and rel.partition("/")[0] in label_of]
+    broken = next((i for i in keep if types[i] != b"f"), None)
+    if broken is not None:  # -L: a link to nothing (the scandir scan's stat fails the same way)
+        raise SourceError(dataset, f"image file {root}/{rels[broken]} cannot be read: a broken symbolic link")
+    nested = any(rels[i].count("/") > 1 for i in keep)
+    keep.sort(key=(lambda i: _walk_key(rels[i])) if nested else (lambda i: rels[i].replace("/", "\0")))
     try:
-        lines = [line.split(b"\t", 4) for line in found.splitlines()]
-        if any(len(line) != 5 for line in lines):
-            return None
-        rels = [os.fsdecode(line[4][prefix:]) for line in lines]
-        # files directly in root are not samples, only those in class sub-folders
-        keep = [i for i, rel in enumerate(rels) if rel.partition("/")[0] in label_of and "/" in rel]
-        for i in keep:
-            if lines[i][3] != b"f":  # -L: a link to nothing (the scandir scan's stat fails the same way)
-                raise SourceError(dataset, f"image file {root}/{rels[i]} cannot be read: a broken symbolic link")
-        keep.sort(key=lambda i: _walk_key(rels[i]))
-        mtimes = [lines[i][1].partition(b".") for i in keep]
-        if any(seconds.startswith(b"-") for seconds, _, _ in mtimes):
-            return None
-        seconds, nanoseconds = _integers([m[0] for m in mtimes]), _integers([m[2][:9].ljust(9, b"0") for m in mtimes])
-        sizes, inodes = (_integers([lines[i][k] for i in keep]) for k in (0, 2))
+        nanoseconds = _nanoseconds([mtimes[i] for i in keep])
+        columns = [np.array([int(column[i]) for i in keep], dtype=np.int64) for column in (sizes, inodes)]
     except ValueError:
         return None
+    if nanoseconds is None:
+        return None
     labels = np.array([label_of[rels[i].partition("/")[0]] for i in keep], dtype=np.int64)
-    return FolderListing(
-        Path(root), classes, [rels[i] for i in keep], labels, sizes, seconds * 1_000_000_000 + nanoseconds, inodes
-    )
+    return FolderListing(Path(root), classes, [rels[i] for i in keep], labels, columns[0], nanoseconds, columns[1])
 
 
-def _integers(digits: list[bytes]) -> np.ndarray:
-    return np.array(digits, dtype=bytes).astype(np.int64)  # ValueError for anything but digits
+def _nanoseconds(times: list[bytes]) -> np.ndarray | None:
+    """find's ``%T@`` times (seconds, a dot, a fraction of up to 10 digits) as integer nanoseconds
+    since 1970, exact; None for a time before 1970 or one without its fraction."""
+    if not times:
+        return np.zeros(0, dtype=np.int64)
+    parts = b".".join(times).split(b".")
+    if len(parts) != 2 * len(times) or any(t.startswith(b"-") for t in times):
+        return None
+    seconds = np.array([int(s) for s in parts[0::2]], dtype=np.int64)
+    fractions = [f[:9].ljust(9, b"0") for f in parts[1::2]]
+    return seconds * 1_000_000_000 + np.array([int(f) for f in fractions], dtype=np.int64)
 
 
 def _walk_key(rel: str) -> str:
     """Sorts paths as ``os.walk`` (sorted) visits them: in each folder its files, by name, before its
-    sub-folders (no name holds a NUL or a slash, so \\0 before \\1 puts a file first)."""
+    sub-folders (no name holds a NUL or a slash, so \\0 before \\1 puts a file first). One level of
+    folders (``class/file``) sorts the same by the path with its slash made a NUL."""
     *folders, name = rel.split("/")
     return "".join(f"\1{folder}\0" for folder in folders) + "\0" + name
 
@@ -263,7 +288,7 @@ def write_listing(dataset: str, listing: FolderListing, path: str | os.PathLike,
     unchanged = _unchanged_since(listing, cache_path, digests)
     missing = np.flatnonzero(~unchanged)
     if missing.size:
-        digests[missing] = hash_files(dataset, [listing.path(i) for i in missing.tolist()], processes)
+        digests[missing] = hash_files(dataset, listing.paths(missing.tolist()), processes)
     listing.sha256 = digests
     for target in (path, cache_path):
         with atomic_path(target) as tmp, open(tmp, "wb") as fh:
@@ -305,8 +330,12 @@ def hash_files(dataset: str, paths: list[str], processes: int) -> np.ndarray:
     if processes <= 1 or len(batches) <= 1:
         hashed = [_hash_batch(dataset, batch) for batch in batches]
     else:
-        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
-            hashed = list(pool.map(_hash_batch, itertools.repeat(dataset), batches))
+        gc.freeze()  # the forked workers' garbage collections then leave the listing's million objects unshared
+        try:
+            with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
+                hashed = list(pool.map(_hash_batch, itertools.repeat(dataset), batches))
+        finally:
+            gc.unfreeze()
     return np.frombuffer(b"".join(hashed), dtype=np.uint8).reshape(-1, 32)
 
 

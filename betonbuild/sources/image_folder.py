@@ -80,7 +80,7 @@ class ImageFolderSource(Source):
 
     @property
     def files(self) -> list[str]:
-        return [self.listing.path(i) for i in range(len(self.listing))]
+        return self.listing.paths(range(len(self.listing)))
 
     @classmethod
     def check_config(
@@ -161,7 +161,7 @@ class ImageFolderSource(Source):
             image = image.convert("RGB")
         return cv2.resize(np.asarray(image), size, interpolation=cv2.INTER_AREA)
 
-    def _kept(self, index: int, path: Path) -> KeptJPEG | str:
+    def _kept(self, index: int, path: str) -> KeptJPEG | str:
         """The file's JPEG bytes kept as they are (``source_jpeg: keep``), or why they are decoded."""
         try:
             with open(path, "rb") as fh:
@@ -170,17 +170,17 @@ class ImageFolderSource(Source):
             raise SampleError(
                 self.spec.name, self.spec.field_names[0], index, f"cannot read {path}: {exc.strerror}"
             ) from None
-        return keep_or_reason(self.spec.fields[0], data, str(path))
+        return keep_or_reason(self.spec.fields[0], data, path)
 
-    def _bomb_error(self, index: int, path: Path, exc: Exception) -> SampleError:
+    def _bomb_error(self, index: int, path: str, exc: Exception) -> SampleError:
         message, fix = decompression_bomb(
             exc, f"image file {path}", "read the folder with a python source whose module sets"
         )
         return SampleError(self.spec.name, self.spec.field_names[0], index, message, fix)
 
-    def _checked_path(self, index: int) -> Path:
+    def _checked_path(self, index: int) -> str:
         """The image's path; read from a listing, a file changed since is refused (SourceError)."""
-        path = self.root / self.listing.rels[index]
+        path = self.listing.path(index)
         if self.from_listing:
             try:
                 stat = os.stat(path)
@@ -196,7 +196,7 @@ class ImageFolderSource(Source):
         return path
 
     def sample_location(self, index: int) -> str | None:
-        return f"file {self.root / self.listing.rels[index]}"
+        return f"file {self.listing.path(index)}"
 
     def sample_sizes(self) -> np.ndarray:
         return self.listing.sizes

@@ -15,7 +15,6 @@ from conftest import ListDataset
 from betonbuild.cli import main
 from betonbuild.custom import FixedUTF8Field
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # numba finalizer noise
 BIN = Path(sys.executable).parent
 
 

@@ -28,7 +28,6 @@ from betonbuild.workflow.partitions import partition_bounds
 from betonbuild.workflow.stages import build, make_source_manifest, merge_parts
 
 # numba's dispatcher finalizer raises KeyError when ffcv.Loader objects are collected (ffcv 1.0.2, harmless).
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 DIGIT_FIELDS = {"image": {"type": "ndarray", "dtype": "uint8", "shape": [8, 8]}, "label": {"type": "int"}}
 

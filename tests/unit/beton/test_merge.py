@@ -45,7 +45,6 @@ from betonbuild.errors import BetonbuildError, MergeError  # noqa: E402
 
 # ffcv's Loader leaves numba dispatchers whose finalizers raise KeyError at garbage collection:
 # noise from numba/ffcv, reported by pytest as "unraisable" warnings.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 MiB = 1 << 20
 DEFAULT_PAGE = 8 * MiB

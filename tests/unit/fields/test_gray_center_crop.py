@@ -15,8 +15,6 @@ from betonbuild.loading import loader_fields, loader_pipelines, unpad
 from betonbuild.sources import open_source
 from betonbuild.write.writer import write_beton
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 ADAPTER = """
 import numpy as np
 from skimage import data

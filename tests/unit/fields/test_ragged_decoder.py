@@ -17,8 +17,6 @@ from betonbuild.loading import loader_fields, loader_pipelines, unpad
 from betonbuild.sources import open_source
 from betonbuild.write.writer import write_beton
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 
 def ffcv_write(path, field, values) -> None:
     from ffcv.fields import IntField

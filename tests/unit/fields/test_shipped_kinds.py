@@ -24,8 +24,6 @@ from betonbuild.write.contract import check_value
 from betonbuild.write.preflight import survey_samples
 from betonbuild.write.writer import write_beton
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 ADAPTER = textwrap.dedent(
     '''
     import numpy as np

@@ -80,6 +80,20 @@ def test_find_and_the_fallback_list_the_same_files(folder: Path, monkeypatch):
     assert scan_folder("photos", folder, EXTENSIONS).signature() == found.signature()
 
 
+@pytest.mark.parametrize("odd_name", ["plain.png", "tab\tin name.png", "newline\nin name.png"])
+def test_a_flat_layout_and_odd_names_list_as_os_walk_gave(tmp_path: Path, odd_name: str):
+    """One level of class folders sorts by its own key (a class "a" before "a.b" and "a-b", as
+    os.walk gives); a name find's lines cannot carry (a tab, a newline) is listed by the scandir scan."""
+    root = tmp_path / "flat"
+    for rel in ["a.b/1.png", "a-b/1.png", "a/2.png", "a/10.png", "a/" + odd_name, "b/3.jpg"]:
+        image(root / rel)
+    listing = scan_folder("photos", root, EXTENSIONS)
+    assert listing.rels == walk_order(root)
+    assert listing.classes == ["a", "a-b", "a.b", "b"]
+    assert listing.labels.tolist() == [0, 0, 0, 1, 2, 3]
+    assert listing.mtimes.tolist() == [os.stat(root / rel).st_mtime_ns for rel in listing.rels]
+
+
 @pytest.mark.parametrize("find", ["gnu find", "no find"])
 def test_a_broken_link_is_refused_naming_it(folder: Path, find, monkeypatch):
     if find == "no find":

@@ -26,8 +26,6 @@ from betonbuild.sources.huggingface import HuggingFaceSource
 from betonbuild.verify import verify_beton
 from betonbuild.write.writer import write_beton
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 
 def hf_spec(path, fields=None, name: str = "hf", **source):
     entry = {"source": {"kind": "huggingface", "path": str(path), **source}, "fields": fields or IMAGE_FIELDS}

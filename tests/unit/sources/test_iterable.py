@@ -22,7 +22,6 @@ from betonbuild.workflow.stages import build, make_source_manifest, verify_datas
 from betonbuild.write.determinism import SourceNotDeterministic
 
 # numba's dispatcher finalizer raises KeyError when ffcv.Loader objects are collected (ffcv 1.0.2, harmless).
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 FIELDS = {"x": {"type": "ndarray", "dtype": "float32", "shape": [4]}, "y": {"type": "int"}}
 

@@ -21,8 +21,6 @@ from betonbuild.workflow.stages import build, make_source_manifest, verify_datas
 from betonbuild.write.failure import replay
 from betonbuild.write.skips import TooManyBadSamples
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 FIELDS = {"x": {"type": "ndarray", "dtype": "float32", "shape": [4]}, "y": {"type": "int"}}
 BAD = (3, 15, 22)  # one in each part of 10 (3 is also among the 4 smoke samples)
 

@@ -27,8 +27,6 @@ from betonbuild.verify import verify_beton
 from betonbuild.write.contract import check_sample
 from betonbuild.write.writer import write_beton
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 
 def make_spec(path, fields=None, name: str = "pq", **source):
     entry = {"source": {"kind": "parquet", "path": path, **source}, "fields": fields or NUMERIC_FIELDS}

@@ -22,8 +22,6 @@ from betonbuild.workflow.skipped import write_limit
 from betonbuild.write.skips import SkippedSample, from_record
 from betonbuild.write.writer import write_beton
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 NULL_ROWS = (5, 37)
 
 

@@ -15,7 +15,6 @@ from betonbuild.sources.shard_members import ShardMembers
 from tests.wds_samples import photo_samples, write_shard
 
 # numba's dispatcher finalizer raises KeyError when ffcv.Loader objects are collected (ffcv 1.0.2, harmless).
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
 def webdataset_samples(path: Path) -> list[dict]:

@@ -32,7 +32,6 @@ from betonbuild.verify import verify_beton
 from betonbuild.write.writer import write_beton
 
 # numba's dispatcher finalizer raises KeyError when ffcv.Loader objects are collected (ffcv 1.0.2, harmless).
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 N = 12
 ADAPTER = textwrap.dedent(

@@ -64,7 +64,6 @@ ADAPTER = textwrap.dedent(
 )
 
 # numba's dispatcher finalizer raises KeyError when ffcv.Loader objects are collected (ffcv 1.0.2, harmless).
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 MIXED_FIELDS = {
     "title": {"type": "custom", "class": "betonbuild.custom:FixedUTF8Field", "args": {"width": 24}},

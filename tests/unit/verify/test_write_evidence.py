@@ -25,7 +25,6 @@ from betonbuild.workflow.stages import build, make_source_manifest, verify_datas
 from tests.conftest import make_photo_folder
 
 # numba's dispatcher finalizer raises KeyError when ffcv.Loader objects are collected (ffcv 1.0.2, harmless).
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 SAMPLES = 8  # 2 classes x 4 real photo crops of 64 px, stored at 48 px
 

@@ -20,7 +20,6 @@ from betonbuild.write.skips import SkipLimit, SkippedSample, TooManyBadSamples, 
 from betonbuild.write.writer import write_beton
 
 # ffcv's Loader leaves numba dispatchers whose finalizers raise KeyError at garbage collection
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 N = 60
 BAD = (3, 17, 40)
