@@ -24,6 +24,7 @@ from betonbuild.sources.folder_listing import (
     scan_folder,
 )
 from betonbuild.sources.image_limits import decompression_bomb
+from betonbuild.sources.jpeg import decode_rgb8
 
 FIELD_TYPES = ["rgb_image", "int"]  # what a sample is: (image, label)
 
@@ -122,14 +123,28 @@ class ImageFolderSource(Source):
         return len(self.listing)
 
     def __getitem__(self, index: int) -> tuple:
+        field, label = self.spec.fields[0], int(self.listing.labels[index])
+        path = self.listing.path(index)
+        if field.options.get("decode") == "reduced":
+            return self._pil_image(index, self._checked_path(index)), label
+        data = self._read(index)
+        if keeps_source_jpeg(field):
+            kept = keep_or_reason(field, data, path)
+            return (kept if isinstance(kept, KeptJPEG) else Reencode(self._pil_image(index, path, data), kept)), label
+        # libjpeg-turbo directly where it gives PIL's pixels (sources.jpeg); a grey JPEG stays PIL's "L"
+        # image, which the field refuses or converts as ``image_mode`` says
+        return decode_rgb8(data, lambda _: self._pil_image(index, path, data), components=(3,)), label
+
+    def _pil_image(self, index: int, path: str, data: bytes | None = None):
+        """The image decoded by PIL, from ``data`` (the file's bytes, read and checked) or the file
+        itself; ``decode: reduced`` at libjpeg's reduced scale."""
+        import io
+
         from PIL import Image, UnidentifiedImageError
 
-        path, label = self._checked_path(index), int(self.listing.labels[index])
-        kept = self._kept(index, path) if keeps_source_jpeg(self.spec.fields[0]) else None
-        if isinstance(kept, KeptJPEG):
-            return kept, label
         try:
-            image = Image.open(path)
+            image = Image.open(io.BytesIO(data) if data is not None else path)
+            image.filename = path  # the field's messages name the file
             reduced = self._reduced_size(image)
             if reduced:
                 image.draft(None, reduced)  # libjpeg's DCT scaling: 1/2, 1/4 or 1/8, never below ``reduced``
@@ -138,9 +153,7 @@ class ImageFolderSource(Source):
             raise self._bomb_error(index, path, exc) from None
         except (OSError, UnidentifiedImageError) as exc:
             raise SampleError(self.spec.name, self.spec.field_names[0], index, f"cannot decode {path}: {exc}") from None
-        if reduced:
-            image = self._resized(image, reduced)
-        return (image if kept is None else Reencode(image, kept)), label
+        return self._resized(image, reduced) if reduced else image
 
     def _reduced_size(self, image) -> tuple[int, int] | None:
         """With ``decode: reduced``, the size ffcv's resizer makes of a JPEG that it shrinks 2x or more."""
@@ -161,16 +174,19 @@ class ImageFolderSource(Source):
             image = image.convert("RGB")
         return cv2.resize(np.asarray(image), size, interpolation=cv2.INTER_AREA)
 
-    def _kept(self, index: int, path: str) -> KeptJPEG | str:
-        """The file's JPEG bytes kept as they are (``source_jpeg: keep``), or why they are decoded."""
+    def _read(self, index: int) -> bytes:
+        """The image file's bytes; read from a listing, a file changed since is refused (one open:
+        its stat is the open file's)."""
+        path = self.listing.path(index)
         try:
-            with open(path, "rb") as fh:
-                data = fh.read()
+            with open(path, "rb", buffering=0) as fh:  # unbuffered: one read of the whole file
+                if self.from_listing:
+                    self._refuse_changed(index, os.fstat(fh.fileno()))
+                return fh.readall()
         except OSError as exc:
             raise SampleError(
                 self.spec.name, self.spec.field_names[0], index, f"cannot read {path}: {exc.strerror}"
             ) from None
-        return keep_or_reason(self.spec.fields[0], data, path)
 
     def _bomb_error(self, index: int, path: str, exc: Exception) -> SampleError:
         message, fix = decompression_bomb(
@@ -188,12 +204,15 @@ class ImageFolderSource(Source):
                 raise SampleError(
                     self.spec.name, self.spec.field_names[0], index, f"cannot read {path}: {exc.strerror}"
                 ) from None
-            changed = self.listing.changed_since_listed(index, stat)
-            if changed:
-                error = SampleError(self.spec.name, self.spec.field_names[0], index, changed, "run snakemake again")
-                error.skippable = False  # a changed file, not a bad one
-                raise error
+            self._refuse_changed(index, stat)
         return path
+
+    def _refuse_changed(self, index: int, stat: os.stat_result) -> None:
+        changed = self.listing.changed_since_listed(index, stat)
+        if changed:
+            error = SampleError(self.spec.name, self.spec.field_names[0], index, changed, "run snakemake again")
+            error.skippable = False  # a changed file, not a bad one
+            raise error
 
     def sample_location(self, index: int) -> str | None:
         return f"file {self.listing.path(index)}"
@@ -208,9 +227,8 @@ class ImageFolderSource(Source):
     def encoded_image(self, index: int) -> np.ndarray | None:
         """The image file's bytes as they are on disk (None if it cannot be read)."""
         try:
-            with open(self._checked_path(index), "rb") as fh:
-                return np.frombuffer(fh.read(), dtype=np.uint8)
-        except (OSError, SampleError):
+            return np.frombuffer(self._read(index), dtype=np.uint8)
+        except SampleError:
             return None
 
     def inputs_fingerprint(self, read_files: bool = True) -> dict[str, Any]:

@@ -1,25 +1,33 @@
-"""Decoding rgb8 JPEGs with cv2: the same pixels as webdataset's PIL decoder, ~20% faster.
+"""Decoding rgb8 JPEGs with libjpeg-turbo directly: the same pixels as PIL's decode, 2-4x faster.
 
-PIL and cv2 both decode JPEG with libjpeg-turbo (same IDCT, upsampling, colour conversion), so a
-plain JPEG comes out bit-identical; tests/unit/sources/test_jpeg.py checks real photos (4:4:4, 4:2:2,
-4:2:0, progressive, restart markers, grayscale, EXIF-rotated). cv2 is used only where that holds:
-8-bit Huffman JPEGs (baseline, extended, progressive) of 1 or 3 components whose marker structure
-is clean from SOI to a final EOI, within PIL's decompression-bomb limit. Anything else (CMYK,
-12-bit, arithmetic, PNG, cut or damaged data, where PIL raises on some that cv2 decodes) goes to
-webdataset. And the first JPEG of each kind (frame + colour markers) a process meets is decoded
-both ways: with a libjpeg build that disagrees, that kind stays with PIL.
+PIL, cv2 and ffcv's libturbojpeg all decode JPEG with libjpeg-turbo (same IDCT, upsampling, colour
+conversion), so a plain JPEG comes out bit-identical; tests/unit/sources/test_jpeg.py checks real
+photos (4:4:4, 4:2:2, 4:2:0, progressive, restart markers, grayscale, EXIF-rotated). The direct
+decode (``fast_rgb8``: the libturbojpeg ffcv links against, through ctypes, one handle per thread;
+cv2 where that library is absent) is used only where that holds: 8-bit Huffman JPEGs (baseline,
+extended, progressive) of 1 or 3 components whose marker structure is clean from SOI to a final
+EOI, within PIL's decompression-bomb limit. Anything else (CMYK, 12-bit, arithmetic, PNG, cut or
+damaged data, where PIL raises on some that libjpeg only warns about) goes to the caller's PIL
+decode. And the first JPEG of each kind (frame + colour markers) a process meets is decoded both
+ways: with a libjpeg build that disagrees, that kind stays with PIL.
+
+Measured on this machine: a 32x32 JPEG 59 us with PIL, 16 us here (cv2: 78 us, its per-call cost);
+a 512x512 photo 1380 us with PIL, 678 us here (cv2 743 us).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from betonbuild._compat.ffcv_ctypes import TurboJPEG, turbojpeg
 from betonbuild.beton.jpeg_frame import SKIPPED, SOF_PLAIN, scan_end
 
-JPEG_KINDS: dict[bytes, bool] = {}  # kind -> cv2 gave webdataset's pixels, in this process
+JPEG_KINDS: dict[bytes, bool] = {}  # kind -> the direct decode gave PIL's pixels, in this process
+_DECODERS = threading.local()  # a libturbojpeg handle serves one thread at a time
 
 
 def jpeg_kind(data: bytes) -> bytes | None:
@@ -86,17 +94,31 @@ def cv2_rgb8(data: bytes) -> np.ndarray | None:
     return image
 
 
-def decode_rgb8(payload: bytes, reference: Callable[[bytes], Any]) -> Any:
-    """``reference(payload)`` (webdataset's rgb8 decode), through cv2 where that gives the same
-    pixels: a plain JPEG (``jpeg_kind``) of a kind this process has seen both decoders agree on."""
+def fast_rgb8(data: bytes) -> np.ndarray | None:
+    """HxWx3 uint8 RGB by libjpeg-turbo's default decode (cv2's where ffcv's libturbojpeg is absent),
+    grayscale repeated into 3 channels, EXIF orientation NOT applied (as PIL's ``convert("RGB")``);
+    None if it cannot decode it (a warning counts)."""
+    if turbojpeg() is None:
+        return cv2_rgb8(data)
+    decoder = getattr(_DECODERS, "decoder", None)
+    if decoder is None:
+        decoder = _DECODERS.decoder = TurboJPEG()
+    return decoder.decode_rgb(np.frombuffer(data, np.uint8))
+
+
+def decode_rgb8(payload: bytes, reference: Callable[[bytes], Any], components: tuple[int, ...] = (1, 3)) -> Any:
+    """``reference(payload)`` (PIL's decode: webdataset's rgb8, an image folder's image), through
+    ``fast_rgb8`` where that gives the same pixels: a plain JPEG (``jpeg_kind``) of ``components``
+    colour components, of a kind this process has seen both decoders agree on."""
     kind = jpeg_kind(payload)
-    if kind is None or JPEG_KINDS.get(kind) is False:
+    if kind is None or kind[1] not in components or JPEG_KINDS.get(kind) is False:
         return reference(payload)
-    image = cv2_rgb8(payload)
-    if image is None:  # webdataset's decoder then says what is wrong with it
+    image = fast_rgb8(payload)
+    if image is None:  # the reference decoder then says what is wrong with it
         return reference(payload)
     if kind not in JPEG_KINDS:
         expected = reference(payload)
-        JPEG_KINDS[kind] = expected.shape == image.shape and np.array_equal(expected, image)
+        pixels = np.asarray(expected)  # an array, or a PIL RGB image's pixels
+        JPEG_KINDS[kind] = expected is not None and pixels.shape == image.shape and np.array_equal(pixels, image)
         return expected
     return image

@@ -1,5 +1,5 @@
-"""The cv2 decode of plain JPEGs (betonbuild.sources.jpeg) against webdataset's rgb8: real photos,
-every JPEG flavour, PNG, and seeded damage."""
+"""The direct libjpeg-turbo decode of plain JPEGs (betonbuild.sources.jpeg) against webdataset's
+rgb8 (PIL): real photos, every JPEG flavour, PNG, and seeded damage; cv2 where the library is absent."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ pytest.importorskip("webdataset")
 
 @pytest.fixture
 def image_source(tmp_path, monkeypatch):
-    """A WebDatasetSource over one shard of all image_payloads(), with cv2's calls counted."""
+    """A WebDatasetSource over one shard of all image_payloads(), with the direct decoder's calls counted."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(jpeg_module, "JPEG_KINDS", {})
     calls: list[int] = []
-    real = jpeg_module.cv2_rgb8
-    monkeypatch.setattr(jpeg_module, "cv2_rgb8", lambda data: calls.append(1) or real(data))
+    real = jpeg_module.fast_rgb8
+    monkeypatch.setattr(jpeg_module, "fast_rgb8", lambda data: calls.append(1) or real(data))
     samples = [
         {"__key__": f"{i:03d}_{name}", ext: payload}
         for i, (name, (ext, payload, _)) in enumerate(image_payloads().items())
@@ -44,7 +44,7 @@ def test_jpeg_kind_admits_plain_jpegs_only():
         assert jpeg_kind(damaged) is None
 
 
-def test_rgb8_decode_gives_webdataset_s_arrays_through_cv2_for_plain_jpegs(image_source):
+def test_rgb8_decode_gives_webdataset_s_arrays_directly_for_plain_jpegs(image_source):
     source, calls = image_source
     payloads = list(image_payloads().items())
     assert len(source) == len(payloads)
@@ -53,14 +53,14 @@ def test_rgb8_decode_gives_webdataset_s_arrays_through_cv2_for_plain_jpegs(image
         expected = rgb8(ext, payload)
         assert image.dtype == expected.dtype == np.uint8 and image.shape == expected.shape, name
         assert image.shape[2] == 3 and np.array_equal(image, expected), name
-    assert len(calls) == sum(plain for _, (_, _, plain) in payloads)  # cv2 decoded every plain JPEG
+    assert len(calls) == sum(plain for _, (_, _, plain) in payloads)  # decoded directly: every plain JPEG
     assert len(jpeg_module.JPEG_KINDS) >= 5 and all(jpeg_module.JPEG_KINDS.values()), jpeg_module.JPEG_KINDS
 
 
-def test_a_cv2_that_disagrees_with_pil_leaves_that_kind_to_pil(image_source, monkeypatch):
+def test_a_direct_decode_that_disagrees_with_pil_leaves_that_kind_to_pil(image_source, monkeypatch):
     source, _ = image_source
-    real = jpeg_module.cv2_rgb8
-    monkeypatch.setattr(jpeg_module, "cv2_rgb8", lambda data: real(data) ^ np.uint8(1))  # another libjpeg
+    real = jpeg_module.fast_rgb8
+    monkeypatch.setattr(jpeg_module, "fast_rgb8", lambda data: real(data) ^ np.uint8(1))  # another libjpeg
     for index, (name, (ext, payload, _)) in enumerate(image_payloads().items()):
         assert np.array_equal(source[index][0], rgb8(ext, payload)), name
     assert jpeg_module.JPEG_KINDS and not any(jpeg_module.JPEG_KINDS.values())
