@@ -19,6 +19,10 @@ fresh page, which pops the current sample's records off the list's tail, still f
 ``finalize`` appends those files to the .beton. Same records in the same order: with one worker
 the file is byte-identical to plain ffcv's.
 
+The sample order, when the caller put it in shared memory (``mapped_pages.shared_array``: the
+workflow's full write does), is dropped from each worker's mapping at the same pace: otherwise every
+worker's RSS would count the whole order (800 MB at 100M rows) once it had taken its last item.
+
 The metadata table itself (samples x record size, 2.4 GB at 100M rows) lives in shared memory once,
 but every process counts the pages it touched in its own RSS: the workers their rows, the parent all
 of them as it copies the table into the file. A job's summed RSS (Snakemake's benchmark, ``time``)
@@ -64,6 +68,7 @@ import numpy as np
 from betonbuild._compat import Checked
 from betonbuild.atomic import _alive
 from betonbuild.errors import WriteError
+from betonbuild.mapped_pages import release_mapped
 from betonbuild.write.skips import kept_blocks, renumber
 from betonbuild.write.workplan import WorkPlan
 
@@ -170,6 +175,7 @@ def _worker_job(
                 written += 1
                 if written % RELEASE_EVERY == 0:
                     release_table_pages(metadata_sm)
+                    release_mapped(plan.sources, plan.destinations)  # an order in shared memory: its pages read
                 if skips is None:
                     handle_sample(dataset[source_ix], int(dest_ix), field_names, metadata, allocator, fields)
                 elif _handle_or_skip(dataset, source_ix, int(dest_ix), field_names, metadata, allocator, fields, skips):

@@ -23,6 +23,7 @@ from betonbuild.config.spec import DatasetSpec, resolve_indices, smoke_positions
 from betonbuild.errors import MergeError, SampleError, SourceError, VerificationError
 from betonbuild.fields.custom import custom_handlers
 from betonbuild.fields.kept_jpeg import sum_keep_counts
+from betonbuild.mapped_pages import shared_array
 from betonbuild.provenance import ffcv_build
 from betonbuild.sources import open_source, source_class, source_fingerprint
 from betonbuild.sources.folder_listing import write_listing
@@ -153,7 +154,7 @@ def rows_to_write(spec: DatasetSpec, source, manifest_path: str, smoke: bool, pa
     if part is not None:
         entry = manifest["partitions"][part]
         return order[entry["start"] : entry["stop"]]
-    return order
+    return shared_array(order)  # the writer's forked workers drop their view of it as they go
 
 
 def build(
@@ -186,6 +187,8 @@ def build(
     dataset_dir = Path(manifest_path).parent
     source = open_source(spec, dataset_dir)
     rows = rows_to_write(spec, source, manifest_path, smoke, part)
+    if not smoke and part is None:
+        rows = shared_array(rows)  # the writer's forked workers drop their view of it as they go
     # results/{ds}/failure/ (a part's file is in results/{ds}/parts/)
     failure_dir = Path(beton_path).parents[0 if part is None else 1] / "failure"
     stage = "smoke" if smoke else "full" if part is None else f"part {part}"

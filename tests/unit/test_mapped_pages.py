@@ -1,5 +1,6 @@
-"""Pages of a read-only file mapping dropped from the process's RSS (betonbuild.mapped_pages): what
-keeps a pass over a 100M-row file or source from holding the whole file resident."""
+"""Pages of a read-only file mapping, or of shared memory, dropped from the process's RSS
+(betonbuild.mapped_pages): what keeps a pass over a 100M-row file or source, or a write's forked
+workers, from holding the whole file or order resident."""
 
 from __future__ import annotations
 
@@ -76,3 +77,44 @@ def test_the_content_digests_blocks_submitted_at_once_keep_few_pages_mapped(tmp_
         del beton
     plain, releasing = mapped.values()
     assert plain > 15 and releasing < plain / 2, mapped  # the file's ~24 MiB of rows and tables, or a few blocks' pages
+
+
+def shared_memory_kib() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("RssShmem:"))
+
+
+def test_a_shared_order_read_by_a_forked_worker_leaves_its_rss_and_keeps_its_content():
+    """The write's sample order in shared memory: a forked worker that read all of it drops its view
+    (as ``_compat.ffcv_writer``'s workers do every RELEASE_EVERY samples) and reads the same values
+    again; a private copy would stay in the worker's RSS to the end (800 MB at 100M rows)."""
+    import json  # why: only this test talks to a child process
+    import os
+
+    from betonbuild.mapped_pages import shared_array
+
+    order = np.random.default_rng(1).permutation(8 << 20)  # 64 MiB
+    shared = shared_array(order)
+    assert shared.dtype == order.dtype and np.array_equal(shared, order)
+    del order
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        try:
+            before = shared_memory_kib()
+            total = int(shared.sum())
+            touched = shared_memory_kib()
+            release_mapped(shared[100:])
+            released = shared_memory_kib()
+            report = {"read_kib": touched - before, "left_kib": released - before, "total": total}
+            report["again"] = int(shared.sum())
+            os.write(write, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        report = json.loads(fh.read())
+    os.waitpid(pid, 0)
+    expected = (8 << 20) * ((8 << 20) - 1) // 2
+    assert report["read_kib"] > 60_000 and report["left_kib"] < 4_000, report
+    assert report["total"] == report["again"] == expected == int(shared.sum())

@@ -15,6 +15,7 @@ import pytest
 
 from betonbuild._compat import ffcv_writer
 from betonbuild.config.load import load_config
+from betonbuild.mapped_pages import shared_array
 from betonbuild.write.workplan import WorkPlan
 from betonbuild.write.writer import write_beton
 
@@ -64,13 +65,14 @@ def plain_ffcv(path: Path, order: np.ndarray, chunksize: int) -> None:
 @pytest.mark.parametrize("chunksize", [1, 37])
 def test_one_worker_writes_the_bytes_plain_ffcv_writes(tmp_path: Path, monkeypatch, chunksize: int):
     # records moved to the worker's file every 5 allocations: many moves, some next to page retries;
-    # the table's pages released every 7 samples, and copied into the file 3 pages at a time
+    # the table's (and the order's) pages released every 7 samples, and copied into the file 3 pages at a time
     monkeypatch.setattr(ffcv_writer, "ALLOCATIONS_PER_FLUSH", 5)
     monkeypatch.setattr(ffcv_writer, "RELEASE_EVERY", 7)
     monkeypatch.setattr(ffcv_writer, "TABLE_BLOCK", 3 * 4096 + 40)
     order = np.random.default_rng(3).permutation(3000)
     plain_ffcv(tmp_path / "plain.beton", order, chunksize)
-    write_beton(rows_spec(chunksize), Rows(3000), order, tmp_path / "ours.beton", num_workers=1)
+    # the order in shared memory, as the workflow's full write has it: the worker drops its pages too
+    write_beton(rows_spec(chunksize), Rows(3000), shared_array(order), tmp_path / "ours.beton", num_workers=1)
     plain, ours = ((tmp_path / f"{side}.beton").read_bytes() for side in ("plain", "ours"))
     assert len(plain) > 3 << 21, "the samples fill several pages"
     assert hashlib.sha256(ours).hexdigest() == hashlib.sha256(plain).hexdigest()
