@@ -5,10 +5,11 @@ A shard's index, per sample its key and each member's offset and size, comes fro
 (``tar.sample_members``, which groups members the way webdataset's ``group_by_keys`` does, with
 extensions lowercased as it lowercases them). The shard list already refused shards whose keys
 repeat or whose members collide, so the index holds the samples webdataset yields. It is built once
-per shard and kept for the last few shards read; payloads are read with ``os.pread``, which any
-thread may call on the shared descriptor. A compressed shard (no offsets into the file), one whose
-size or sample count is not the listed one, or one whose headers no longer parse has no index:
-the caller then reads it through webdataset, which reports what is wrong in its own words.
+per shard and kept for the last few shards read; payloads are read with ``os.pread`` on the shared
+descriptor, under the lock that also evicts indexes (and closes their descriptors). A compressed
+shard (no offsets into the file), one whose size or sample count is not the listed one, or one
+whose headers no longer parse has no index: the caller then reads it through webdataset, which
+reports what is wrong in its own words.
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ class ShardMembers:
         self._indexes: OrderedDict[str, tuple[int, list] | None] = OrderedDict()
         weakref.finalize(self, _close_all, self._indexes)
 
-    def sample(self, path: str, size: int, count: int, local: int):
-        """(key, {extension: (offset, bytes)}, read) of sample ``local`` of the shard at ``path``
-        (listed with ``size`` bytes and ``count`` samples), where ``read(offset, nbytes)`` returns a
-        payload; None where the shard has no index."""
+    def sample(self, path: str, size: int, count: int, local: int, alternatives: list[tuple[str, ...]]):
+        """(key, {extension: (offset, bytes)}, {extension: payload}) of sample ``local`` of the shard
+        at ``path`` (listed with ``size`` bytes and ``count`` samples): the payload of the first
+        present extension of each of ``alternatives``; None where the shard has no index.
+
+        The payloads are read under the lock: another thread may otherwise evict this shard's index
+        and close its descriptor between the lookup and the read, and the next shard opened may get
+        the same descriptor number: the read would return another shard's bytes at that offset."""
         with self._lock:
             if path not in self._indexes:
                 self._indexes[path] = _index(path, size, count)
@@ -40,11 +45,13 @@ class ShardMembers:
                     _close(self._indexes.popitem(last=False)[1])
             self._indexes.move_to_end(path)
             found = self._indexes[path]
-        if found is None:
-            return None
-        fd, samples = found
-        key, members = samples[local]
-        return key, members, lambda offset, nbytes: _read(fd, offset, nbytes)
+            if found is None:
+                return None
+            fd, samples = found
+            key, members = samples[local]
+            wanted = (next((ext for ext in choice if ext in members), None) for choice in alternatives)
+            payloads = {ext: _read(fd, *members[ext]) for ext in wanted if ext is not None}
+        return key, members, payloads
 
 
 def _index(path: str, size: int, count: int) -> tuple[int, list] | None:

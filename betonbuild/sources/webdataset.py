@@ -310,16 +310,13 @@ class WebDatasetSource(Source):
         index = int(index)
         shard, local = self.location(index)
         entry = self.entries[shard]
-        found = self._members.sample(entry["path"], entry["size"], int(self.counts[shard]), local)
+        alternatives = [tuple(self.keys[column]) for column in columns]
+        found = self._members.sample(entry["path"], entry["size"], int(self.counts[shard]), local, alternatives)
         if found is None:
             sample = self.raw(index)  # compressed, or changed since it was listed: through webdataset
-        else:
-            key, members, read = found
-            sample = {"__key__": key, "__url__": entry["path"], **dict.fromkeys(members)}
-            for column in columns:
-                ext = next((k for k in self.keys[column] if k in members), None)
-                if ext is not None:  # else _member names the missing member
-                    sample[ext] = read(*members[ext])
+        else:  # a member missing from ``payloads``: _member names it
+            key, members, payloads = found
+            sample = {"__key__": key, "__url__": entry["path"], **dict.fromkeys(members), **payloads}
         where = f"shard {sample.get('__url__')}, key {sample.get('__key__')}"
         return {c: self._member(sample, c, index, where) for c in columns}
 
