@@ -187,8 +187,7 @@ def build(
     dataset_dir = Path(manifest_path).parent
     source = open_source(spec, dataset_dir)
     rows = rows_to_write(spec, source, manifest_path, smoke, part)
-    if not smoke and part is None:
-        rows = shared_array(rows)  # the writer's forked workers drop their view of it as they go
+    rows = shared_array(rows) if not smoke and part is None else rows  # workers drop their view as they go
     # results/{ds}/failure/ (a part's file is in results/{ds}/parts/)
     failure_dir = Path(beton_path).parents[0 if part is None else 1] / "failure"
     stage = "smoke" if smoke else "full" if part is None else f"part {part}"

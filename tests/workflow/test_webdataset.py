@@ -1,11 +1,11 @@
-"""WebDataset sources end to end: the cv2-decoded .beton, the workflow, bad shards, incremental runs.
+"""WebDataset sources end to end: the directly decoded .beton, the workflow, bad shards, incremental runs.
 
-The unit tests of the shard list, the tar parser, the cv2 JPEG decode and the source class (this
+The unit tests of the shard list, the tar parser, the direct JPEG decode and the source class (this
 process, no ffcv) are in tests/unit/sources/test_{shards,tar,jpeg,webdataset_source}.py; the real
 samples and shards both use are in tests/wds_samples.py.
 
 How the cases run (2 cores; a process that imports ffcv costs ~4 s):
-- the .beton written with the cv2 decode against the one written with PIL only (one driver process);
+- the .beton written with the direct decode against the one written with PIL only (one driver process);
 - one module-scoped project built once by real ``snakemake all``: ``photos`` (a glob of photo
   shards, keys + decode) and ``digits`` (a brace pattern of ShardWriter shards read through a
   ``pipeline: module:function``); its content tests read the .beton files back; the incremental
@@ -58,13 +58,13 @@ def ran(result: subprocess.CompletedProcess) -> dict[str, set[str]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Decoding: plain JPEGs through cv2 write the same .beton as webdataset's rgb8
+# Decoding: plain JPEGs decoded directly write the same .beton as webdataset's rgb8
 # ---------------------------------------------------------------------------------------------
 
 
 FAST_DECODE_DRIVER = textwrap.dedent(
     '''
-    """Writes the same shards twice: rgb8 JPEGs through cv2 (the default), then all through PIL."""
+    """Writes the same shards twice: rgb8 JPEGs decoded directly (the default), then all through PIL."""
     import json, os
     from pathlib import Path
 
@@ -75,22 +75,22 @@ FAST_DECODE_DRIVER = textwrap.dedent(
     spec = load_config({"datasets": {"images": json.loads(Path("entry.json").read_text())}}).datasets["images"]
     make_shard_list(spec, "results/shards.json")
     make_source_manifest(spec, "results/source.json")
-    real = J.cv2_rgb8
+    real = J.fast_rgb8
 
     def counted(data):  # runs in the writer's worker processes: a file per process counts the calls
-        with open(f"cv2-calls-{os.getpid()}", "a") as fh:
+        with open(f"direct-calls-{os.getpid()}", "a") as fh:
             fh.write("x")
         return real(data)
 
-    J.cv2_rgb8 = counted
+    J.fast_rgb8 = counted
     build(spec, "results/source.json", "results/cv2.beton", "results/cv2.json", threads=2)
-    J.jpeg_kind = lambda data: None  # every image through webdataset's decoder, as before cv2
+    J.jpeg_kind = lambda data: None  # every image through webdataset's decoder
     build(spec, "results/source.json", "results/pil.beton", "results/pil.json", threads=2)
     '''
 )
 
 
-def test_the_written_beton_is_the_same_with_cv2_decoding(tmp_path):
+def test_the_written_beton_is_the_same_with_the_direct_decode(tmp_path):
     from betonbuild.beton.format import BetonFile
 
     payloads = list(image_payloads().values())
@@ -111,8 +111,8 @@ def test_the_written_beton_is_the_same_with_cv2_decoding(tmp_path):
     proc = subprocess.run([PYTHON, "-c", FAST_DECODE_DRIVER], cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    cv2_calls = sum(len(p.read_text()) for p in tmp_path.glob("cv2-calls-*"))
-    assert cv2_calls == sum(plain for _, _, plain in payloads)  # each plain JPEG once, through cv2
+    direct_calls = sum(len(p.read_text()) for p in tmp_path.glob("direct-calls-*"))
+    assert direct_calls == sum(plain for _, _, plain in payloads)  # each plain JPEG once, decoded directly
     fast, reference = BetonFile(tmp_path / "results/cv2.beton"), BetonFile(tmp_path / "results/pil.beton")
     assert fast.num_samples == reference.num_samples == len(samples)
     assert fast.metadata["label"].tolist() == reference.metadata["label"].tolist() == list(range(len(samples)))

@@ -38,6 +38,7 @@ def photos(tmp_path: Path, monkeypatch) -> tuple[Path, list[str], list[int]]:
         ext, payload, _ = image_payloads()[name]
         (root / "c" / f"{name}.{ext}").write_bytes(payload)
     monkeypatch.setattr(jpeg_module, "JPEG_KINDS", {})
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 89_478_485)  # PIL's default: another test's adapter lowers it
     calls: list[int] = []
     real = jpeg_module.fast_rgb8
     monkeypatch.setattr(jpeg_module, "fast_rgb8", lambda data: calls.append(1) or real(data))
