@@ -67,6 +67,7 @@ SIZES = {
     "scale_shard_samples": (1000, 1000),
     "scale_pairs": (1, 1),  # timed rounds per case (no warm-up round)
     "scale_verify": ("auto", "auto"),  # the cases' verify.mode (full: every sample compared at any N)
+    "scale_case_partitions": (0, 0),  # `partitions:` of every b9 case's dataset (issue 16: 1,000); 0: unpartitioned
     # issue 20 (b12): Parquet rows, JPEGs in an Image column, and whether betonbuild re-encodes or keeps them
     "parquet_rows": (1_000_000, 20_000),
     "parquet_images": (5_000, 300),

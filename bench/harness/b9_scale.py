@@ -11,7 +11,8 @@ JFIF header. So every file is a valid, unique JPEG (its own sha256), while the p
 every 500 samples. Every sample is still opened, decoded and re-encoded by both sides.
 
 Sides of a case, run in this order in each round (``scale_pairs`` rounds, default 1, no warm-up
-round: the generation has just filled the page cache, and a 1M case takes minutes):
+round: the generation has just filled the page cache, and a 1M case takes minutes); with
+``--scale-case-partitions P`` every case's dataset has ``partitions: P`` (issue 16: 1,000):
 - ``plain_ffcv``: a whole-process plain ffcv write of the same data (``sides/plain_folder.py``,
   ``sides/plain_columns.py``, ``sides/plain_wds.py``), 100 samples per chunk, ``cores`` workers;
 - ``build``: ``snakemake --cores cores all`` from a clean project (listing, manifest, smoke, gate,
@@ -109,12 +110,14 @@ def prepare(ctx: Context, family: str, n: int, pool: list[bytes], work) -> tuple
         }
         command = ctx.side_script("plain_wds", pattern, plain, ctx.cores)  # from_webdataset: chunks of 100 too
     verify = {"mode": ctx.sizes["scale_verify"]}
-    write_config(work, {DATASET: {**spec, "writer": {"chunksize": CHUNK}, "verify": verify}})
+    parts = {"partitions": ctx.sizes["scale_case_partitions"]} if ctx.sizes["scale_case_partitions"] else {}
+    write_config(work, {DATASET: {**spec, **parts, "writer": {"chunksize": CHUNK}, "verify": verify}})
     return spec, command
 
 
 def measure_case(ctx: Context, family: str, n: int, pool: list[bytes], tag: str = "") -> dict:
-    tag = tag or f"{family}_{n}"
+    parts = ctx.sizes["scale_case_partitions"]
+    tag = tag or f"{family}_{n}" + (f"_in_{parts}_partitions" if parts else "")
     work = ctx.cache / NAME / tag
     shutil.rmtree(work, ignore_errors=True)
     print(f"  {tag}: generating {n} samples in {work}", flush=True)
@@ -183,7 +186,7 @@ def _measure(ctx: Context, family: str, n: int, tag: str, work, plain_command: l
         if with_plain
         else [],
     }
-    if family == "arrays" and with_plain:
+    if family == "arrays" and with_plain and all("write" in jobs for jobs in jobs_per_round):  # not partitioned
         case["ratios"].append(write_job_ratio(rounds, jobs_per_round, names, family, n))
     return case
 

@@ -11,20 +11,29 @@ import numpy as np
 from betonbuild.mapped_pages import release_mapped
 
 
-def mapped_file_mib() -> float:
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("RssFile:")) / 1024
+def mapped_file_mib(path: Path) -> float:
+    """The resident pages of this process's mappings of ``path``: the process-wide RssFile also
+    moved with other tests' mappings in the same pytest worker (garbage-collected mid-test)."""
+    resident_kib, in_file = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split(maxsplit=6)
+            if ":" not in head[0]:  # a mapping's header: address perms offset dev inode [path]
+                in_file = len(head) > 5 and head[5].rstrip("\n") == str(path.resolve())
+            elif in_file and head[0] == "Rss:":
+                resident_kib += int(head[1])
+    return resident_kib / 1024
 
 
 def test_a_column_read_end_to_end_is_unmapped_and_still_reads(tmp_path: Path):
     column = np.arange(16 << 20, dtype=np.int64)  # 128 MiB
     np.save(tmp_path / "x.npy", column)
     mapped = np.load(tmp_path / "x.npy", mmap_mode="r")
-    before = mapped_file_mib()
+    before = mapped_file_mib(tmp_path / "x.npy")
     assert int(mapped[::512].sum()) == int(column[::512].sum())  # one read per 4 KiB page
-    read = mapped_file_mib()
+    read = mapped_file_mib(tmp_path / "x.npy")
     release_mapped(mapped[10:], np.zeros(3))  # a view finds its mapping; an array without one is skipped
-    assert read - before > 100 and mapped_file_mib() < before + 16
+    assert read - before > 100 and mapped_file_mib(tmp_path / "x.npy") < before + 16
     assert int(mapped[-1]) == int(column[-1])  # mapped again on the next read
 
 
@@ -39,9 +48,9 @@ def test_an_arrays_source_read_row_by_row_keeps_few_pages_mapped(tmp_path: Path,
     entry["fields"] = {"x": {"type": "ndarray", "dtype": "float32", "shape": [4]}}
     source = open_source(load_config({"datasets": {"a": entry}}).datasets["a"])
     monkeypatch.setattr(arrays, "RELEASE_EVERY_READS", 1024)
-    before = mapped_file_mib()
+    before = mapped_file_mib(tmp_path / "x.npy")
     assert all(float(source[row][0][0]) == 1.0 for row in range(0, len(source), 256))  # one row a 4 KiB page
-    assert mapped_file_mib() < before + 16  # 128 MiB touched, at most 1024 pages (4 MiB) left mapped
+    assert mapped_file_mib(tmp_path / "x.npy") < before + 16  # 128 MiB touched, at most 1024 pages (4 MiB) left mapped
 
 
 def test_the_content_digests_blocks_submitted_at_once_keep_few_pages_mapped(tmp_path: Path, monkeypatch):
@@ -68,11 +77,11 @@ def test_the_content_digests_blocks_submitted_at_once_keep_few_pages_mapped(tmp_
     mapped = {}
     for task in (lambda beton, k, a, b: digest.leaf(beton, a, b), digest.leaf_releasing):
         beton = BetonFile(str(tmp_path / "a.beton"))  # its own mapping, nothing of it resident yet
-        before = mapped_file_mib()
+        before = mapped_file_mib(tmp_path / "a.beton")
         with ThreadPoolExecutor(2) as pool:
             spans = digest.blocks(0, rows)
             leaves = [f.result() for f in [pool.submit(task, beton, k, a, b) for k, (a, b) in enumerate(spans)]]
-        mapped[task] = mapped_file_mib() - before
+        mapped[task] = mapped_file_mib(tmp_path / "a.beton") - before
         assert digest.range_from_leaves(leaves) == digest.range_digest(beton, 0, rows, 1)
         del beton
     plain, releasing = mapped.values()
