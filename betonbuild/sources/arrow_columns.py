@@ -26,6 +26,7 @@ from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import SourceError
 from betonbuild.fields.kept_jpeg import keeps_source_jpeg
 from betonbuild.sources.image_limits import decompression_bomb, is_decompression_bomb
+from betonbuild.sources.jpeg import decode_rgb8
 
 # field type -> what the column must hold (other kinds, e.g. custom or json, take the column's values as they are)
 SCALAR_KINDS = ("int", "float")
@@ -227,6 +228,8 @@ class Column:
         if role in ("binary", "image"):
             if keeps_source_jpeg(self.plan.field):  # the bytes themselves: a JPEG that fits is stored unchanged
                 return bytes(self.encoded(i))
+            if self.plan.field.type == "rgb_image":  # libjpeg-turbo directly where it gives PIL's pixels
+                return decode_rgb8(bytes(self.encoded(i)), decode_image, components=(3,))
             return decode_image(self.encoded(i))
         return self.values[i]
 
@@ -241,8 +244,9 @@ class Column:
         return self.values[self.offsets[0] : self.offsets[-1]].reshape(len(self.offsets) - 1, *self.shape)
 
 
-def decode_image(data: np.ndarray):
-    """Encoded image bytes as a loaded PIL image (decode errors are the caller's SampleError)."""
+def decode_image(data: np.ndarray | bytes):
+    """Encoded image bytes as a loaded PIL image (decode errors are the caller's SampleError); a
+    grey JPEG stays PIL's "L" image, which the field refuses or converts as ``image_mode`` says."""
     from PIL import Image
 
     image = Image.open(io.BytesIO(data))

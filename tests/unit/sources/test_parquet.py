@@ -4,6 +4,7 @@ field and row (file and row group)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -126,7 +127,7 @@ def test_an_image_struct_column_is_an_rgb_image_and_its_bytes_are_kept(tmp_path)
     spec = make_spec(str(tmp_path / "img.parquet"), IMAGE_FIELDS)
     source = open_source(spec)
     image, label = source[5]
-    assert isinstance(image, Image.Image) and image.size == (32, 32) and label == 2
+    assert np.asarray(image).shape == (32, 32, 3) and label == 2  # PIL's pixels (or PIL's image: the first of a kind)
     assert source.encoded_image(5).tobytes() == encoded[5]
     np.testing.assert_array_equal(check_sample(spec, source[5], 5)[0], np.asarray(image))
     by_bytes = make_spec(str(tmp_path / "img.parquet"), IMAGE_FIELDS, columns={"image": "image.bytes"})
@@ -134,6 +135,40 @@ def test_an_image_struct_column_is_an_rgb_image_and_its_bytes_are_kept(tmp_path)
     rows = np.arange(6)
     write_beton(spec, source, rows, tmp_path / "img.beton", 1, log=open(os.devnull, "w"))
     assert verify_beton(spec, source, rows, str(tmp_path / "img.beton"), ffcv_build())["ok"]
+
+
+def test_colour_jpegs_of_an_image_column_are_pil_s_pixels_and_the_rest_pil_s_images(tmp_path, monkeypatch):
+    """Re-encoded images are decoded by libjpeg-turbo directly where that gives PIL's pixels
+    (betonbuild.sources.jpeg, as image folders and shards are); grey, CMYK and PNG rows stay PIL's."""
+    from wds_samples import image_payloads  # why: the shards' real photos in every JPEG flavour
+
+    import betonbuild.sources.jpeg as jpeg_module
+    from betonbuild.sources.jpeg import jpeg_kind
+
+    names = sorted(image_payloads())
+    payloads = [image_payloads()[name][1] for name in names]
+    image = pa.StructArray.from_arrays([pa.array(payloads, pa.binary()), pa.array(names)], ["bytes", "path"])
+    labels = pa.array(np.zeros(len(names), np.int64))
+    pq.write_table(pa.table({"image": image, "label": labels}), tmp_path / "p.parquet")
+    monkeypatch.setattr(jpeg_module, "JPEG_KINDS", {})
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 89_478_485)  # PIL's default: another test's adapter lowers it
+    calls: list[int] = []
+    real = jpeg_module.fast_rgb8
+    monkeypatch.setattr(jpeg_module, "fast_rgb8", lambda data: calls.append(1) or real(data))
+    source = open_source(make_spec(str(tmp_path / "p.parquet"), IMAGE_FIELDS))
+    direct = 0
+    for index, (name, payload) in enumerate(zip(names, payloads)):
+        decoded = source[index][0]
+        with Image.open(io.BytesIO(payload)) as expected:
+            expected.load()
+            if isinstance(decoded, np.ndarray):
+                direct += 1
+                assert expected.mode == "RGB" and np.array_equal(decoded, np.asarray(expected)), name
+            else:
+                assert decoded.mode == expected.mode and np.array_equal(np.asarray(decoded), np.asarray(expected)), name
+    colour = [p for p in payloads if (kind := jpeg_kind(p)) is not None and kind[1] == 3]
+    assert len(colour) >= 20 and len(calls) == len(colour)
+    assert direct == len(colour) - len({jpeg_kind(p) for p in colour})  # the first of each kind: PIL's, compared
 
 
 # -- fingerprints --------------------------------------------------------------------------------
