@@ -18,6 +18,10 @@ import mmap
 
 import numpy as np
 
+# payload bytes a pass over a file's images reads between two unmappings of its pages: a count of
+# samples would let a file of large images keep gigabytes mapped between two
+RELEASE_EVERY_BYTES = 64 << 20
+
 
 def release_mapped(*arrays: np.ndarray | None) -> None:
     """Unmaps the pages of the file (or shared) mapping each array (or a view of it) lies in; others,

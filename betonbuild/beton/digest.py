@@ -36,7 +36,7 @@ import numpy as np
 
 from betonbuild.beton.format import BetonFile
 from betonbuild.fields import stored_kind
-from betonbuild.mapped_pages import release_mapped
+from betonbuild.mapped_pages import RELEASE_EVERY_BYTES, release_mapped
 
 PREFIX = b"betonbuild content digest v1\n"
 RANGE_PREFIX = b"betonbuild range digest v1\n"
@@ -120,6 +120,7 @@ def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
         digest.update(np.hstack(columns).tobytes())  # fixed-size only: sample-major bytes in one go
         return digest.digest()
     has_custom = any(stored_kind(f, beton.path).custom_allocations for f in beton.fields)
+    hashed = 0  # payload bytes since the file's pages were last unmapped (large images: GBs a batch)
     for i, position in enumerate(positions):
         allocations = beton.custom_allocations(int(position)) if has_custom else []
         for column in columns:
@@ -128,11 +129,16 @@ def leaf(beton: BetonFile, start: int, stop: int) -> bytes:
             else:
                 for part in column(i, int(position), allocations):
                     digest.update(part)
+                    hashed += len(part)
         if has_custom:
             digest.update(np.uint64(len(allocations)).astype("<u8").tobytes())
             for ptr, size in allocations:
                 digest.update(np.uint64(size).astype("<u8").tobytes())
                 digest.update(beton.read(ptr, size))
+                hashed += size
+        if hashed >= RELEASE_EVERY_BYTES:
+            release_mapped(beton.mm)
+            hashed = 0
     return digest.digest()
 
 

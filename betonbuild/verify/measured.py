@@ -16,6 +16,7 @@ import numpy as np
 
 from betonbuild.beton.format import BetonFile
 from betonbuild.errors import BetonFormatError
+from betonbuild.mapped_pages import RELEASE_EVERY_BYTES, release_mapped
 from betonbuild.verify.images import DecoderCount
 
 CRC_BLOCK = 16384  # payloads per pool task (zlib releases the GIL while it sums a payload)
@@ -85,15 +86,25 @@ def stored_crc_digest(beton: BetonFile, name: str, rows: int, pool: ThreadPoolEx
 
 
 def _block_crcs(beton: BetonFile, name: str, start: int, stop: int) -> np.ndarray | None:
+    """The block's CRCs; the file's pages read are unmapped every ``RELEASE_EVERY_BYTES`` and at the end
+    (mapped, every payload read stays in the job's RSS: 1.7 GB for 1.28M tiny JPEGs; they stay in
+    the page cache). The other threads' reads just map theirs again."""
     rows = np.arange(start, stop)
     sizes = beton.image_sizes(name, rows).tolist()
     pointers = beton.metadata[name]["data_ptr"][start:stop].tolist()
     crcs = np.empty(len(rows), dtype="<u4")
+    read = 0
     try:
         for k, (pointer, size) in enumerate(zip(pointers, sizes)):
             if size < 0:
                 return None
             crcs[k] = zlib.crc32(beton.read(pointer, size))
+            read += size
+            if read >= RELEASE_EVERY_BYTES:
+                release_mapped(beton.mm)
+                read = 0
     except BetonFormatError:
         return None
+    finally:
+        release_mapped(beton.mm)
     return crcs

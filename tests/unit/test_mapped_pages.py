@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from betonbuild.mapped_pages import release_mapped
 
@@ -86,6 +87,72 @@ def test_the_content_digests_blocks_submitted_at_once_keep_few_pages_mapped(tmp_
         del beton
     plain, releasing = mapped.values()
     assert plain > 15 and releasing < plain / 2, mapped  # the file's ~24 MiB of rows and tables, or a few blocks' pages
+
+
+@pytest.fixture
+def raw_images(tmp_path: Path) -> tuple[Path, int]:
+    """A .beton of 1,000 raw 64x64 RGB images (12 KiB of payload each) and an int, by plain ffcv."""
+    from ffcv.fields import IntField, RGBImageField  # why: only these tests write with ffcv itself
+    from ffcv.writer import DatasetWriter
+
+    images = np.random.default_rng(0).integers(0, 255, (1000, 64, 64, 3), dtype=np.uint8)
+
+    class Images:
+        def __len__(self):
+            return len(images)
+
+        def __getitem__(self, index):
+            return images[index], index
+
+    path = tmp_path / "raw.beton"
+    fields = {"image": RGBImageField(write_mode="raw"), "label": IntField()}
+    DatasetWriter(str(path), fields, num_workers=1).from_indexed_dataset(Images())
+    return path, len(images)
+
+
+def test_the_verification_s_payload_crcs_keep_few_pages_mapped(raw_images, monkeypatch):
+    """The full verification sums the CRC-32 of every stored image (``verify.measured``) on a pool:
+    each task unmaps the file's pages every RELEASE_EVERY_BYTES, else every payload stayed in the
+    job's RSS (1.7 GB for 1.28M tiny JPEGs: the verify job's size grew with the dataset)."""
+    from concurrent.futures import ThreadPoolExecutor  # why: only these tests use them
+
+    from betonbuild.beton.format import BetonFile
+    from betonbuild.verify import measured
+
+    path, rows = raw_images
+    monkeypatch.setattr(measured, "CRC_BLOCK", 250)  # 3 MiB a task
+    monkeypatch.setattr(measured, "RELEASE_EVERY_BYTES", 1 << 20)
+
+    def resident_after_crcs() -> tuple[str | None, float]:
+        beton = BetonFile(str(path))  # its own mapping, nothing of it resident yet
+        with ThreadPoolExecutor(2) as pool:
+            digest = measured.stored_crc_digest(beton, "image", rows, pool)
+        return digest, mapped_file_mib(path)
+
+    releasing = resident_after_crcs()
+    monkeypatch.setattr(measured, "release_mapped", lambda *arrays: None)  # as before: nothing unmapped
+    kept = resident_after_crcs()
+    assert releasing[0] == kept[0] is not None
+    assert kept[1] > 10 and releasing[1] < 2, (kept, releasing)  # ~12 MiB of payloads, or none
+
+
+def test_a_content_digest_block_of_large_payloads_unmaps_by_bytes_read(raw_images, monkeypatch):
+    """A digest block of variable fields unmaps the file's pages every RELEASE_EVERY_BYTES it hashed:
+    the blocks' own count (256 blocks of 1,024 samples) let 100 KB images keep ~26 GB mapped."""
+    from betonbuild.beton import digest
+    from betonbuild.beton.format import BetonFile
+
+    path, rows = raw_images
+    monkeypatch.setattr(digest, "RELEASE_EVERY_BYTES", 1 << 20)
+    resident = {}
+    for releasing in (True, False):
+        if not releasing:
+            monkeypatch.setattr(digest, "release_mapped", lambda *arrays: None)
+        beton = BetonFile(str(path))
+        resident[releasing] = (digest.leaf(beton, 0, rows), mapped_file_mib(path))
+        del beton
+    assert resident[True][0] == resident[False][0]
+    assert resident[False][1] > 10 and resident[True][1] < 3, resident  # ~12 MiB, or the last 1 MiB
 
 
 def shared_memory_kib() -> int:
