@@ -39,6 +39,7 @@ from betonbuild.sources.files import sha256_file
 LISTING = "files.npz"
 CACHE = ".files-cache.npz"
 FORMAT = "betonbuild image folder listing 1"
+PARSE_BLOCK_BYTES = 8 << 20  # find's output parsed this much at a time (~60,000 files)
 
 
 @dataclass
@@ -111,41 +112,64 @@ def scan_folder(dataset: str, root: Path, extensions: list[str]) -> FolderListin
 
 
 def _parse_found(dataset: str, root: str, classes: list[str], found: bytes) -> FolderListing | None:
-    """``_find``'s lines as a listing in ``scan_folder``'s order, column by column: one split of the
-    whole output, no object per line (a million files in about 2 s). None where a line does not
-    parse (a file name holding a tab or a newline, a time before 1970): the scan then lists the
-    folder itself."""
-    if not found:
-        empty = np.zeros(0, dtype=np.int64)
-        return FolderListing(Path(root), classes, [], empty, empty, empty, empty)
-    cells = found.split(b"\t")  # the path and the next line's size share a cell: split those at the newline
-    lines = found.count(b"\n")
-    if len(cells) != 4 * lines + 1 or not found.endswith(b"\n"):
-        return None  # a tab in a name
-    rest = b"\n".join(cells[4::4]).split(b"\n")  # path, size, path, size, ..., path, b""
-    if len(rest) != 2 * lines:
-        return None  # a newline in a name
-    paths, sizes = rest[0::2], [cells[0], *rest[1:-1:2]]
-    mtimes, inodes, types = cells[1::4], cells[2::4], cells[3::4]
+    """``_find``'s lines as a listing in ``scan_folder``'s order, ``PARSE_BLOCK_BYTES`` of lines at a
+    time (``_parse_lines``; the whole output split at once held ~830 bytes a file: 1 GB at 1.28M).
+    None where a line does not parse (a file name holding a tab or a newline, a time before 1970):
+    the scan then lists the folder itself."""
+    if found and not found.endswith(b"\n"):
+        return None
     prefix = len(os.path.join(root, ""))
-    rels = [rel[prefix:] for rel in b"\n".join(paths).decode("utf-8", "surrogateescape").split("\n")]
+    rels: list[str] = []
+    blocks: list[np.ndarray] = []
+    start = 0
+    while start < len(found):
+        end = found.find(b"\n", start + PARSE_BLOCK_BYTES) + 1 or len(found)
+        block = _parse_lines(found[start:end], prefix)
+        if block is None:
+            return None
+        rels.extend(block[0])
+        blocks.append(block[1])
+        start = end
+    numbers = np.concatenate(blocks) if blocks else np.zeros((0, 4), dtype=np.int64)  # size, ns, inode, is a file
     label_of = {name: label for label, name in enumerate(classes)}
     # files directly in root are not samples, only those in class sub-folders
     keep = [i for i, rel in enumerate(rels) if "/" in rel and rel.partition("/")[0] in label_of]
-    broken = next((i for i in keep if types[i] != b"f"), None)
+    broken = next((i for i in keep if not numbers[i, 3]), None)
     if broken is not None:  # -L: a link to nothing (the scandir scan's stat fails the same way)
         raise SourceError(dataset, f"image file {root}/{rels[broken]} cannot be read: a broken symbolic link")
     nested = any(rels[i].count("/") > 1 for i in keep)
     keep.sort(key=(lambda i: _walk_key(rels[i])) if nested else (lambda i: rels[i].replace("/", "\0")))
+    kept = numbers[np.array(keep, dtype=np.int64)]
+    labels = np.array([label_of[rels[i].partition("/")[0]] for i in keep], dtype=np.int64)
+    rels = [rels[i] for i in keep]
+    return FolderListing(Path(root), classes, rels, labels, kept[:, 0], kept[:, 1], kept[:, 2])
+
+
+def _parse_lines(lines: bytes, prefix: int) -> tuple[list[str], np.ndarray] | None:
+    """Whole lines of ``_find``, column by column: one split, no object per line kept. (the paths
+    less ``prefix`` characters, an (n, 4) int64 array of size, mtime ns, inode, 1 if a file); None
+    where a line does not parse."""
+    cells = lines.split(b"\t")  # the path and the next line's size share a cell: split those at the newline
+    count = lines.count(b"\n")
+    if len(cells) != 4 * count + 1:
+        return None  # a tab in a name
+    rest = b"\n".join(cells[4::4]).split(b"\n")  # path, size, path, size, ..., path, b""
+    if len(rest) != 2 * count:
+        return None  # a newline in a name
+    numbers = np.empty((count, 4), dtype=np.int64)
     try:
-        nanoseconds = _nanoseconds([mtimes[i] for i in keep])
-        columns = [np.array([int(column[i]) for i in keep], dtype=np.int64) for column in (sizes, inodes)]
+        numbers[:, 0] = [int(size) for size in [cells[0], *rest[1:-1:2]]]
+        numbers[:, 2] = [int(inode) for inode in cells[2::4]]
     except ValueError:
         return None
+    nanoseconds = _nanoseconds(cells[1::4])
     if nanoseconds is None:
         return None
-    labels = np.array([label_of[rels[i].partition("/")[0]] for i in keep], dtype=np.int64)
-    return FolderListing(Path(root), classes, [rels[i] for i in keep], labels, columns[0], nanoseconds, columns[1])
+    numbers[:, 1] = nanoseconds
+    numbers[:, 3] = [kind == b"f" for kind in cells[3::4]]
+    del cells
+    rels = [rel[prefix:] for rel in b"\n".join(rest[0::2]).decode("utf-8", "surrogateescape").split("\n")]
+    return rels, numbers
 
 
 def _nanoseconds(times: list[bytes]) -> np.ndarray | None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import betonbuild.sources.folder_listing as folder_listing
 from betonbuild.config.load import load_config
 from betonbuild.errors import SampleError, SourceError
 from betonbuild.sources import fingerprint_files, listed_files_signature, missing_listed_files, open_source
@@ -58,11 +59,13 @@ def folder(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("find", ["gnu find", "no find"])
+@pytest.mark.parametrize("find", ["gnu find", "gnu find, parsed a line at a time", "no find"])
 def test_the_scan_lists_in_the_order_os_walk_gave(folder: Path, find, monkeypatch):
     image(folder / "loose.png")  # directly in root: not a sample
     if find == "no find":
         monkeypatch.setenv("PATH", "/nonexistent")
+    if find.endswith("a line at a time"):
+        monkeypatch.setattr(folder_listing, "PARSE_BLOCK_BYTES", 1)
     listing = scan_folder("photos", folder, EXTENSIONS)
     assert listing.rels == walk_order(folder)
     assert listing.classes == ["a", "b", "c", "empty"]
@@ -80,10 +83,13 @@ def test_find_and_the_fallback_list_the_same_files(folder: Path, monkeypatch):
     assert scan_folder("photos", folder, EXTENSIONS).signature() == found.signature()
 
 
+@pytest.mark.parametrize("block_bytes", [1, 1 << 20])
 @pytest.mark.parametrize("odd_name", ["plain.png", "tab\tin name.png", "newline\nin name.png"])
-def test_a_flat_layout_and_odd_names_list_as_os_walk_gave(tmp_path: Path, odd_name: str):
+def test_a_flat_layout_and_odd_names_list_as_os_walk_gave(tmp_path: Path, odd_name: str, block_bytes, monkeypatch):
     """One level of class folders sorts by its own key (a class "a" before "a.b" and "a-b", as
-    os.walk gives); a name find's lines cannot carry (a tab, a newline) is listed by the scandir scan."""
+    os.walk gives); a name find's lines cannot carry (a tab, a newline) is listed by the scandir
+    scan, whichever block of find's output it is parsed in."""
+    monkeypatch.setattr(folder_listing, "PARSE_BLOCK_BYTES", block_bytes)
     root = tmp_path / "flat"
     for rel in ["a.b/1.png", "a-b/1.png", "a/2.png", "a/10.png", "a/" + odd_name, "b/3.jpg"]:
         image(root / rel)
