@@ -18,6 +18,7 @@ would stat and record them all, minutes before any job starts). Instead:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import hashlib
@@ -26,6 +27,7 @@ import json
 import multiprocessing
 import os
 import subprocess
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,17 +304,17 @@ def _find(root: str, extensions: tuple[str, ...]) -> bytes | None:
     return None if any(output is None for output in outputs) else b"".join(outputs)
 
 
-def write_listing(dataset: str, listing: FolderListing, path: str | os.PathLike, processes: int = 1) -> int:
+def write_listing(dataset: str, listing: FolderListing, path: str | os.PathLike, processes: int = 1, pool=None) -> int:
     """Hashes the files (those unchanged since the cache beside ``path`` are not read again) in
-    ``processes`` processes, writes the listing to ``path`` and the cache; returns how many files
-    were hashed."""
+    ``processes`` processes (or those of ``pool``, a ``hashing_pool``), writes the listing to ``path``
+    and the cache; returns how many files were hashed."""
     path = Path(path)
     cache_path = path.with_name(CACHE)
     digests = np.zeros((len(listing), 32), dtype=np.uint8)
     unchanged = _unchanged_since(listing, cache_path, digests)
     missing = np.flatnonzero(~unchanged)
     if missing.size:
-        digests[missing] = hash_files(dataset, listing.paths(missing.tolist()), processes)
+        digests[missing] = hash_files(dataset, listing.paths(missing.tolist()), processes, pool)
     listing.sha256 = digests
     for target in (path, cache_path):
         with atomic_path(target) as tmp, open(tmp, "wb") as fh:
@@ -347,17 +349,33 @@ def _unchanged_since(listing: FolderListing, cache_path: Path, digests: np.ndarr
 HASH_BATCH = 2000  # files per task: small images cost ~15 us each to hash, a task ~1 ms to hand over
 
 
-def hash_files(dataset: str, paths: list[str], processes: int) -> np.ndarray:
-    """sha256 of each file, in order, as an (n, 32) array. Processes, not threads: a small file's
-    hash holds the GIL (hashlib releases it only above 2 KiB), so threads run slower than one."""
+@contextlib.contextmanager
+def hashing_pool(processes: int) -> Iterator[ProcessPoolExecutor | None]:
+    """``processes`` hashing processes forked now, before the caller lists a folder: forked after a
+    listing of a million files, each one's RSS counted the parent's whole heap again (Snakemake's
+    ``max_rss`` of the file_list job, which sums them: 1574 MiB at 1.28M files, PSS 750)."""
+    if processes <= 1:
+        yield None
+        return
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
+        list(pool.map(int, range(processes)))  # a fork pool starts all its processes at its first task
+        yield pool
+
+
+def hash_files(dataset: str, paths: list[str], processes: int, pool: ProcessPoolExecutor | None = None) -> np.ndarray:
+    """sha256 of each file, in order, as an (n, 32) array, on ``pool`` or in ``processes`` processes.
+    Processes, not threads: a small file's hash holds the GIL (hashlib releases it only above 2 KiB),
+    so threads run slower than one."""
     batches = [paths[i : i + HASH_BATCH] for i in range(0, len(paths), HASH_BATCH)]
-    if processes <= 1 or len(batches) <= 1:
+    if pool is not None and len(batches) > 1:
+        hashed = list(pool.map(_hash_batch, itertools.repeat(dataset), batches))
+    elif processes <= 1 or len(batches) <= 1:
         hashed = [_hash_batch(dataset, batch) for batch in batches]
     else:
         gc.freeze()  # the forked workers' garbage collections then leave the listing's million objects unshared
         try:
-            with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
-                hashed = list(pool.map(_hash_batch, itertools.repeat(dataset), batches))
+            with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as forked:
+                hashed = list(forked.map(_hash_batch, itertools.repeat(dataset), batches))
         finally:
             gc.unfreeze()
     return np.frombuffer(b"".join(hashed), dtype=np.uint8).reshape(-1, 32)

@@ -26,7 +26,7 @@ from betonbuild.fields.kept_jpeg import sum_keep_counts
 from betonbuild.mapped_pages import shared_array
 from betonbuild.provenance import ffcv_build
 from betonbuild.sources import open_source, source_class, source_fingerprint
-from betonbuild.sources.folder_listing import write_listing
+from betonbuild.sources.folder_listing import hashing_pool, write_listing
 from betonbuild.sources.image_folder import ImageFolderSource
 from betonbuild.sources.shards import shard_list
 from betonbuild.verify import LoaderProcess, start_loader_process, verify_beton
@@ -58,14 +58,12 @@ def make_file_list(spec: DatasetSpec, file_list_path: str, processes: int = 1, l
     """results/{ds}/files.npz of an image folder: every file, its stat and sha256 (hashed only where
     it changed since the last listing, in ``processes`` processes)."""
     started = time.monotonic()
-    listing = ImageFolderSource.scan(spec)
-    hashed = write_listing(spec.name, listing, file_list_path, processes)
-    print(
-        f"{spec.name}: {len(listing)} files listed, {hashed} of them hashed (new or changed) "
-        f"in {time.monotonic() - started:.2f} s",
-        file=log,
-        flush=True,
-    )
+    with hashing_pool(processes) as pool:  # forked before the listing exists (folder_listing.hashing_pool)
+        listing = ImageFolderSource.scan(spec)
+        hashed = write_listing(spec.name, listing, file_list_path, pool=pool)
+    seconds = time.monotonic() - started
+    print(f"{spec.name}: {len(listing)} files listed, {hashed} hashed (new or changed) in {seconds:.2f} s", file=log)
+    log.flush()
 
 
 def make_source_manifest(

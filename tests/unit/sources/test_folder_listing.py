@@ -207,3 +207,21 @@ def test_a_missing_or_empty_folder_is_a_source_error_of_the_file_list_job(tmp_pa
     # the file_list rule's one input: Snakemake names a missing folder before any job runs
     assert missing_listed_files(folder_spec(tmp_path / "missing")) == [str(tmp_path / "missing")]
     assert missing_listed_files(folder_spec(tmp_path / "empty")) == []
+
+
+def resident_mib() -> float:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+
+
+def test_the_hashing_processes_are_forked_before_the_listing_exists(folder: Path, tmp_path: Path):
+    """The file_list job forks its hashers before it lists the folder: forked after, each one's RSS
+    held the parent's whole listing again (Snakemake's max_rss sums them)."""
+    with folder_listing.hashing_pool(2) as pool:
+        listing = [f"n{i:08d}/n{i:08d}_{i}.JPEG" for i in range(1_000_000)]  # ~90 MiB, as a listing of 1M files
+        hashers = [pool.submit(resident_mib).result() for _ in range(2)]
+        assert resident_mib() > 80 + max(hashers), (resident_mib(), hashers)
+        assert write_listing("photos", scan_folder("photos", folder, EXTENSIONS), tmp_path / LISTING, pool=pool) == 6
+    del listing
+    assert read_listing("photos", tmp_path / LISTING).rels == walk_order(folder)
+
