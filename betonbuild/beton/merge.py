@@ -94,7 +94,8 @@ def merge_betons(
 
     The record: num_samples, samples_per_part, page_size, size, bytes_copied, seconds, method
     ("copy_file_range", "buffered" or "copy_file_range+buffered"), method_reason, filesystem, and
-    per part its path, first_sample, source_data_start, data_bytes, target_offset and shift.
+    per part its path, first_sample, source_data_start, data_bytes, used_bytes (what is copied: up to its
+    last allocation's end; ffcv writes each worker's last page whole), target_offset and shift.
     """
     started = time.monotonic()
     if method not in METHODS:
@@ -172,6 +173,7 @@ def _placed(headed: list[Part], data_start: int, padded: list[int]) -> list[dict
                 "first_sample": sample_offset,
                 "source_data_start": part.data_start,
                 "data_bytes": part.data_bytes,
+                "used_bytes": part.used_bytes,
                 "target_offset": region_offset,
                 "shift": region_offset - part.data_start,  # >= 0 and a multiple of page_size
                 "allocations": part.num_allocations,
@@ -214,9 +216,9 @@ def _write_merged(
                     offset += write_metadata(fd, part, tables.record_type, tables.columns, offset, record["shift"])
                 assert offset == tables.metadata_end
                 for part, record in zip(headed, part_records):
-                    if part.data_bytes:
+                    if part.used_bytes:  # the unused rest of ffcv's last page stays a hole (zeros)
                         copier.copy(
-                            part.label, part.path, part.data_start, part.data_bytes, fd, record["target_offset"]
+                            part.label, part.path, part.data_start, part.used_bytes, fd, record["target_offset"]
                         )
                 offset = tables.alloc_table_ptr
                 for part, record in zip(headed, part_records):

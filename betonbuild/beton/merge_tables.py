@@ -47,6 +47,7 @@ class Part:
     num_allocations: int = 0
     data_start: int = 0
     data_end: int = 0
+    used_end: int = 0  # where the last allocation's bytes end (ffcv writes its last page whole)
 
     @property
     def label(self) -> str:
@@ -55,6 +56,11 @@ class Part:
     @property
     def data_bytes(self) -> int:
         return self.data_end - self.data_start
+
+    @property
+    def used_bytes(self) -> int:
+        """The data region up to its last allocated byte: all a merge copies (the rest stays a hole)."""
+        return self.used_end - self.data_start
 
     @property
     def metadata_start(self) -> int:
@@ -76,6 +82,7 @@ def check_tables(part: Part, record_type: np.dtype, columns: list[Column]) -> No
     part.num_allocations = table_bytes // ALLOC_TABLE_TYPE.itemsize
     part.data_start = page_aligned(metadata_end, part.page_size)
     part.data_end = max(part.data_start, part.alloc_table_ptr)
+    part.used_end = part.data_start
     for check in (_check_sample_ids, _check_allocation_pointers):  # every sample id first, as one pass did
         for k, table in _blocks(part, part.alloc_table_ptr, ALLOC_TABLE_TYPE, part.num_allocations):
             check(part, table, k)
@@ -155,6 +162,8 @@ def _check_allocation_pointers(part: Part, table: np.ndarray, k0: int) -> None:
             f"{part.label}: allocation {k0 + k} [{int(table['ptr'][k])}, +{int(table['size'][k])}) lies outside "
             f"its data region [{part.data_start}, {part.data_end})"
         )
+    if sized.any():
+        part.used_end = max(part.used_end, int((table["ptr"][sized] + table["size"][sized]).max()))
 
 
 def _check_pointers(part: Part, records: np.ndarray, columns: list[Column], k0: int) -> None:

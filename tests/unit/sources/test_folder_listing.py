@@ -224,4 +224,3 @@ def test_the_hashing_processes_are_forked_before_the_listing_exists(folder: Path
         assert write_listing("photos", scan_folder("photos", folder, EXTENSIONS), tmp_path / LISTING, pool=pool) == 6
     del listing
     assert read_listing("photos", tmp_path / LISTING).rels == walk_order(folder)
-
