@@ -367,15 +367,13 @@ def hash_files(dataset: str, paths: list[str], processes: int, pool: ProcessPool
     Processes, not threads: a small file's hash holds the GIL (hashlib releases it only above 2 KiB),
     so threads run slower than one."""
     batches = [paths[i : i + HASH_BATCH] for i in range(0, len(paths), HASH_BATCH)]
-    if pool is not None and len(batches) > 1:
-        hashed = list(pool.map(_hash_batch, itertools.repeat(dataset), batches))
-    elif processes <= 1 or len(batches) <= 1:
+    if len(batches) <= 1 or (pool is None and processes <= 1):
         hashed = [_hash_batch(dataset, batch) for batch in batches]
     else:
-        gc.freeze()  # the forked workers' garbage collections then leave the listing's million objects unshared
+        gc.freeze()  # workers forked here (no pool given) then leave the listing's million objects unshared
         try:
-            with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as forked:
-                hashed = list(forked.map(_hash_batch, itertools.repeat(dataset), batches))
+            with contextlib.nullcontext(pool) if pool is not None else hashing_pool(processes) as workers:
+                hashed = list(workers.map(_hash_batch, itertools.repeat(dataset), batches))
         finally:
             gc.unfreeze()
     return np.frombuffer(b"".join(hashed), dtype=np.uint8).reshape(-1, 32)

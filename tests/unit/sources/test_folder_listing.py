@@ -4,6 +4,7 @@ folder through the listing refusing a file changed since."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -224,3 +225,13 @@ def test_the_hashing_processes_are_forked_before_the_listing_exists(folder: Path
         assert write_listing("photos", scan_folder("photos", folder, EXTENSIONS), tmp_path / LISTING, pool=pool) == 6
     del listing
     assert read_listing("photos", tmp_path / LISTING).rels == walk_order(folder)
+
+
+def test_hashes_are_the_same_in_one_process_on_forked_ones_and_on_a_given_pool(folder: Path, monkeypatch):
+    monkeypatch.setattr(folder_listing, "HASH_BATCH", 2)  # 6 files: 3 batches, handed to the workers
+    paths = scan_folder("photos", folder, EXTENSIONS).paths(list(range(6)))
+    serial = folder_listing.hash_files("photos", paths, 1)
+    assert np.array_equal(folder_listing.hash_files("photos", paths, 2), serial)
+    with folder_listing.hashing_pool(2) as pool:
+        assert np.array_equal(folder_listing.hash_files("photos", paths, 1, pool), serial)
+    assert bytes(serial[0]) == hashlib.sha256(Path(paths[0]).read_bytes()).digest()
