@@ -148,7 +148,7 @@ class TurboJPEG:
             ctypes.byref(subsampling),
             ctypes.byref(colorspace),
         ):
-            return None
+            return self._renewed()
         if colorspace.value not in (0, 1, 2) or not 0 < width.value * height.value <= MAX_DECODED_PIXELS:
             return None  # CMYK / YCCK: the writer's path decides
         shape = (height.value, width.value, 3)
@@ -158,8 +158,17 @@ class TurboJPEG:
         if self.lib.tjDecompress2(
             self.handle, data.ctypes.data, data.size, out.ctypes.data, width.value, 0, height.value, 0, 0
         ):  # pixel format 0 = RGB, flags 0 = the library defaults
-            return None
+            return self._renewed()
         return out
+
+    def _renewed(self) -> None:
+        """A new handle after a failed call: Debian 12's libturbojpeg 2.1.5 leaves a handle whose header
+        read failed (e.g. "Unsupported JPEG process: SOF type 0xcf") failing every later JPEG with that
+        error, so one damaged file would send the rest of a worker's images the slow way. None."""
+        self.lib.tjDestroy(self.handle)
+        self.handle = self.lib.tjInitDecompress()
+        self.out = None
+        return None
 
     def close(self) -> None:
         if self.handle:

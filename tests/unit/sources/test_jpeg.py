@@ -92,3 +92,13 @@ def test_a_damaged_jpeg_decodes_or_fails_exactly_as_with_webdataset(image_source
         outcomes["decodes"] = outcomes.get("decodes", 0) + 1
     assert outcomes.get("fails", 0) > 20 and outcomes.get("decodes", 0) > 20, outcomes
     assert cv2_alone_would_differ > 0, outcomes
+
+
+def test_a_jpeg_the_library_refuses_leaves_the_next_ones_decoded_directly():
+    """libturbojpeg 2.1.5 keeps failing on a handle whose header read failed; the handle is renewed."""
+    good = image_payloads()["astronaut-420"][1]
+    sof = good.index(b"\xff\xc0")
+    refused = good[: sof + 1] + b"\xcf" + good[sof + 2 :]  # an arithmetic lossless frame: unsupported
+    assert jpeg_module.fast_rgb8(refused) is None
+    for _ in range(2):
+        assert np.array_equal(jpeg_module.fast_rgb8(good), rgb8("jpg", good))
