@@ -162,12 +162,11 @@ class TurboJPEG:
         return out
 
     def _renewed(self) -> None:
-        """A new handle after a failed call: Debian 12's libturbojpeg 2.1.5 leaves a handle whose header
-        read failed (e.g. "Unsupported JPEG process: SOF type 0xcf") failing every later JPEG with that
-        error, so one damaged file would send the rest of a worker's images the slow way. None."""
-        self.lib.tjDestroy(self.handle)
+        """None, with a new handle: Debian 12's libturbojpeg 2.1.5 leaves a handle whose header read
+        failed (e.g. "Unsupported JPEG process: SOF type 0xcf") failing every later JPEG with that
+        error, so one damaged file would send the rest of a worker's images the slow way."""
+        self.close()
         self.handle = self.lib.tjInitDecompress()
-        self.out = None
         return None
 
     def close(self) -> None:
