@@ -116,3 +116,27 @@ def test_the_write_holds_plain_ffcv_s_bytes(photos, tmp_path: Path):
     DatasetWriter(str(theirs), fields, num_workers=1).from_indexed_dataset(Plain())
     assert sum(isinstance(source[i][0], np.ndarray) for i in range(len(source))) > len(source) // 2  # decoded directly
     assert ours.read_bytes() == theirs.read_bytes()
+
+
+def test_a_jpeg_that_source_jpeg_keep_re_encodes_is_decoded_as_reencode_decodes_it(photos):
+    """Under ``source_jpeg: keep``, an image that is not kept (here every one: all are larger than
+    ``max_resolution``) is decoded as ``reencode`` decodes it: a colour JPEG directly, with PIL's
+    pixels, the rest by PIL, so keep writes it as reencode does, without PIL's slower image."""
+    from betonbuild.fields.kept_jpeg import Reencode  # why: only this test looks inside keep's values
+
+    root, names, calls = photos
+    keeping = open_source(folder_spec(root, source_jpeg="keep", max_resolution=64, image_mode="convert"))
+    reencoding = open_source(folder_spec(root, max_resolution=64, image_mode="convert"))
+    for index in range(len(names)):  # the first JPEG of each kind is PIL's, compared with the direct decode
+        keeping[index]
+    direct = 0
+    for index, name in enumerate(names):
+        kept, _ = keeping[index]
+        expected, _ = reencoding[index]
+        assert isinstance(kept, Reencode), name
+        assert type(kept.image) is type(expected), name
+        assert np.array_equal(np.asarray(kept.image), np.asarray(expected)), name
+        if isinstance(kept.image, np.ndarray):
+            direct += 1
+            assert kept.reason == "larger_than_max_resolution", name
+    assert direct > len(names) // 3 and len(calls) >= 2 * direct  # both sources went through the direct decode
