@@ -102,14 +102,16 @@ def resolve_source_jpeg(field_spec: FieldSpec, value: Any, fail) -> Any:
     from PIL import Image
 
     if isinstance(value, (bytes, bytearray, memoryview)):
-        kept = keep_or_reason(field_spec, bytes(value))
+        from betonbuild.sources.jpeg import decode_rgb8  # not at the top: betonbuild.sources imports this module
+
+        data = bytes(value)
+        kept = keep_or_reason(field_spec, data)
         if isinstance(kept, KeptJPEG):
             return kept
-        try:
-            image = Image.open(io.BytesIO(bytes(value)))
-            image.load()
+        try:  # as the sources' reencode decodes: libjpeg-turbo directly where it gives PIL's pixels
+            image = decode_rgb8(data, _pil_loaded, components=(3,))
         except (OSError, Image.UnidentifiedImageError, Image.DecompressionBombError) as exc:
-            raise fail(f"cannot decode the image's {len(value)} bytes: {exc}", "return valid image bytes") from None
+            raise fail(f"cannot decode the image's {len(data)} bytes: {exc}", "return valid image bytes") from None
         return Reencode(image, kept)
     if _unloaded_jpeg_file(value):
         try:
@@ -122,6 +124,14 @@ def resolve_source_jpeg(field_spec: FieldSpec, value: Any, fail) -> Any:
             return kept
         return Reencode(value, kept if isinstance(kept, str) else "truncated_or_unusual_markers")
     return value
+
+
+def _pil_loaded(data: bytes):
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image
 
 
 def _unloaded_jpeg_file(value: Any) -> bool:

@@ -401,3 +401,30 @@ def test_the_merged_record_adds_up_the_parts_counts():
     assert sum_keep_counts(parts) == {
         "image": {"kept": 5, "reencoded": 3, "reencoded_because": {"not_jpeg": 2, "cmyk_or_ycck": 1}}
     }
+
+
+def test_jpeg_bytes_that_keep_re_encodes_are_decoded_directly_with_pil_s_pixels(tmp_path: Path, monkeypatch):
+    """A python or Parquet source's JPEG bytes that are not kept (larger than max_resolution) are
+    decoded as the sources' reencode decodes them: libjpeg-turbo directly once it has agreed with PIL
+    on that kind of JPEG, PIL's pixels either way; bytes that decode nowhere name the sample."""
+    import betonbuild.sources.jpeg as jpeg_module  # why: the direct decoder's agreement record, emptied
+    from betonbuild.fields.kept_jpeg import Reencode, resolve_source_jpeg  # why: only here called directly
+
+    monkeypatch.setattr(jpeg_module, "JPEG_KINDS", {})
+    spec = _spec(tmp_path, max_resolution=64)
+    field = spec.fields[0]
+    data = io.BytesIO()
+    _photo("coffee", 260, 200).save(data, format="JPEG", quality=90)
+    expected = np.asarray(Image.open(io.BytesIO(data.getvalue())).convert("RGB"))
+
+    def fail(message, fix):
+        return SampleError(spec.name, field.name, 0, message, fix)
+
+    first, second = (resolve_source_jpeg(field, data.getvalue(), fail) for _ in range(2))
+    assert isinstance(first, Reencode) and isinstance(second, Reencode)
+    assert first.reason == second.reason == "larger_than_max_resolution"
+    assert isinstance(first.image, Image.Image)  # the first of its kind: PIL's, compared with the direct decode
+    assert isinstance(second.image, np.ndarray) and np.array_equal(second.image, expected)
+    assert np.array_equal(np.asarray(first.image), expected)
+    with pytest.raises(SampleError, match="cannot decode the image's 9 bytes"):
+        resolve_source_jpeg(field, b"not a jpg", fail)
