@@ -60,6 +60,7 @@ import numpy as np
 
 from betonbuild.atomic import DISK_FULL_ERRNOS, atomic_path
 from betonbuild.beton.copy import METHODS, Copier, pwrite_all
+from betonbuild.beton.descriptors import field_descriptors, header_record
 from betonbuild.beton.format import (
     ALLOC_TABLE_TYPE,
     BUILTIN_POINTER_COLUMNS,
@@ -381,24 +382,12 @@ def write_empty_beton(target: str | os.PathLike, fields: Mapping[str, Any], page
     Plain ffcv cannot write 0 samples (it asks for a 0-byte shared memory block and fails), but a
     partition may be empty (more partitions than samples); its file then merges as contributing nothing.
     """
-    from ffcv.types import TYPE_ID_HANDLER
-
-    type_ids = {handler: type_id for type_id, handler in TYPE_ID_HANDLER.items()}
-    descriptors = np.zeros(len(fields), dtype=FIELD_DESC_TYPE)
-    for i, (name, fld) in enumerate(fields.items()):
-        encoded = name.encode("ascii")
-        if len(encoded) > 16:
-            raise MergeError(f"field name {name!r} is longer than ffcv's 16 bytes")
-        descriptors[i]["type_id"] = type_ids.get(type(fld), CUSTOM_TYPE_ID)
-        descriptors[i]["name"][: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
-        descriptors[i]["arguments"][:] = fld.to_binary()[0]
-    header = np.zeros(1, dtype=HEADER_TYPE)
-    header["version"] = FORMAT_VERSION
-    header["num_fields"] = len(fields)
-    header["page_size"] = page_size
-    header["num_samples"] = 0
-    header["alloc_table_ptr"] = HEADER_TYPE.itemsize + descriptors.nbytes
+    try:
+        descriptors = field_descriptors(fields)
+    except ValueError as exc:
+        raise MergeError(str(exc)) from None
+    header = header_record(len(fields), page_size, 0, HEADER_TYPE.itemsize + descriptors.nbytes)
     with atomic_path(target) as tmp, open(tmp, "wb") as fh:
         fh.write(header.tobytes())
         fh.write(descriptors.tobytes())
-    return {"num_samples": 0, "page_size": page_size, "size": int(header["alloc_table_ptr"][0])}
+    return {"num_samples": 0, "page_size": page_size, "size": int(header["alloc_table_ptr"])}

@@ -11,6 +11,7 @@ import numpy as np
 
 from betonbuild.beton.format import BetonFile, FieldInfo
 from betonbuild.config.spec import FieldSpec
+from betonbuild.fields.builtin_encoders import BytesEncoder
 from betonbuild.fields.kind import Fail, StoredSample, describe
 from betonbuild.fields.payload import PayloadKind
 
@@ -36,9 +37,7 @@ class BytesKind(PayloadKind):
     }
 
     def build(self, field: FieldSpec):
-        from ffcv.fields import BytesField
-
-        return BytesField()
+        return BytesEncoder()
 
     def check(self, field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
         if isinstance(value, (bytes, bytearray, memoryview)):

@@ -12,6 +12,7 @@ import numpy as np
 
 from betonbuild.beton.format import BetonFile, FieldInfo
 from betonbuild.config.spec import FieldSpec
+from betonbuild.fields.builtin_encoders import FloatEncoder
 from betonbuild.fields.fixed import ScalarKind, unwrap_scalar
 from betonbuild.fields.kind import Fail, describe
 
@@ -22,9 +23,7 @@ class FloatKind(ScalarKind):
     digest_dtype = "<f8"
 
     def build(self, field: FieldSpec):
-        from ffcv.fields import FloatField
-
-        return FloatField()
+        return FloatEncoder()
 
     def check(self, field: FieldSpec, value: Any, fail: Fail) -> float:
         number = unwrap_scalar(value)

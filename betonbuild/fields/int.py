@@ -11,6 +11,7 @@ import numpy as np
 
 from betonbuild.beton.format import BetonFile, FieldInfo
 from betonbuild.config.spec import FieldSpec
+from betonbuild.fields.builtin_encoders import IntEncoder
 from betonbuild.fields.fixed import ScalarKind, unwrap_scalar
 from betonbuild.fields.kind import Fail, describe
 
@@ -23,9 +24,7 @@ class IntKind(ScalarKind):
     digest_dtype = "<i8"
 
     def build(self, field: FieldSpec):
-        from ffcv.fields import IntField
-
-        return IntField()
+        return IntEncoder()
 
     def check(self, field: FieldSpec, value: Any, fail: Fail) -> int:
         number = unwrap_scalar(value)

@@ -11,6 +11,7 @@ import numpy as np
 from betonbuild.beton.format import BetonFile, FieldInfo
 from betonbuild.beton.payloads import decode_json
 from betonbuild.config.spec import FieldSpec
+from betonbuild.fields.builtin_encoders import JSONEncoder
 from betonbuild.fields.kind import Fail, StoredSample, clipped, describe
 from betonbuild.fields.payload import PayloadKind
 
@@ -31,9 +32,7 @@ class JSONKind(PayloadKind):
     }
 
     def build(self, field: FieldSpec):
-        from ffcv.fields import JSONField
-
-        return JSONField()
+        return JSONEncoder()
 
     def check(self, field: FieldSpec, value: Any, fail: Fail) -> Any:
         if field.options.get("json_numpy") == "convert":

@@ -95,7 +95,8 @@ class FieldKind:
         return options
 
     def build(self, field: FieldSpec) -> Any:
-        """The ``ffcv.fields.Field`` instance that writes it."""
+        """The object that writes it: ffcv's Field interface (``metadata_type``, ``to_binary``, ``encode``), and a
+        ``type_id`` where the class is not one of ffcv's (``betonbuild.fields.builtin_encoders``)."""
         raise NotImplementedError(self.name)
 
     def check(self, field: FieldSpec, value: Any, fail: Fail) -> Any:

@@ -11,6 +11,7 @@ import numpy as np
 
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import ConfigError
+from betonbuild.fields.builtin_encoders import NDArrayEncoder
 from betonbuild.fields.fixed import ArrayKind, bool_as_byte_dtype, check_array_layout
 from betonbuild.fields.kind import Fail, describe
 
@@ -26,9 +27,7 @@ class NDArrayKind(ArrayKind):
         return np.dtype(field.options["dtype"])
 
     def build(self, field: FieldSpec):
-        from ffcv.fields import NDArrayField
-
-        return NDArrayField(dtype=np.dtype(field.options["dtype"]), shape=tuple(field.options["shape"]))
+        return NDArrayEncoder(dtype=np.dtype(field.options["dtype"]), shape=tuple(field.options["shape"]))
 
     def check(self, field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
         want_dtype, want_shape = np.dtype(field.options["dtype"]), tuple(field.options["shape"])

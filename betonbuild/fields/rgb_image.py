@@ -10,6 +10,7 @@ from betonbuild.beton.format import IMAGE_MODE_JPEG, IMAGE_MODE_RAW, BetonFile, 
 from betonbuild.beton.payloads import decode_image
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import BetonFormatError, ConfigError
+from betonbuild.fields.builtin_encoders import RGBImageEncoder, ffcv_resizer
 from betonbuild.fields.kept_jpeg import KeptJPEG, Reencode, keeping_encode, keeps_source_jpeg, resolve_source_jpeg
 from betonbuild.fields.kind import Fail, FieldKind, StoredSample, describe
 
@@ -44,22 +45,6 @@ def ffcv_target_size(width: int, height: int, target_resolution: int | None) -> 
     original_size = np.array([width, height])
     ratio = target_resolution / original_size.max()
     return tuple(int(v) for v in (ratio * original_size).astype(int)) if ratio < 1 else None
-
-
-def ffcv_resizer(image: np.ndarray, target_resolution: int | None) -> np.ndarray:
-    """ffcv 1.0.2's ``ffcv.fields.rgb_image.resizer``, the same numpy and cv2 operations in the same
-    order (tests/unit/fields/test_rgb_image_resize.py compares both on many sizes), without importing
-    ffcv: its import (torch, numba) holds the GIL for seconds that the verifying threads need."""
-    import cv2
-
-    if target_resolution is None:
-        return image
-    original_size = np.array([image.shape[1], image.shape[0]])
-    ratio = target_resolution / original_size.max()
-    if ratio < 1:
-        new_size = (ratio * original_size).astype(int)
-        image = cv2.resize(image, tuple(new_size), interpolation=cv2.INTER_AREA)
-    return image
 
 
 def digits_above(value: float, limit: float) -> str:
@@ -132,17 +117,15 @@ class RGBImageKind(FieldKind):
         return options
 
     def build(self, field: FieldSpec):
-        from ffcv.fields import RGBImageField
-
         o = field.options
-        ffcv_field = RGBImageField(
+        encoder = RGBImageEncoder(
             write_mode=o["write_mode"],
             max_resolution=o["max_resolution"],
             smart_threshold=o["smart_threshold"],
             jpeg_quality=o["jpeg_quality"],
             compress_probability=o["compress_probability"],
         )
-        return keeping_encode(ffcv_field) if keeps_source_jpeg(field) else ffcv_field
+        return keeping_encode(encoder) if keeps_source_jpeg(field) else encoder
 
     def check(self, field: FieldSpec, value: Any, fail: Fail) -> np.ndarray | KeptJPEG:
         if keeps_source_jpeg(field):

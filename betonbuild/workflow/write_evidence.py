@@ -5,9 +5,10 @@ learn again, and the conditions under which it still describes that file.
   re-encoded image, as written. Used only while the source is the one the write read (the same
   fingerprint of its files, and no code of the user's, which could read data no fingerprint covers);
   ``betonbuild.verify.measured`` then checks the stored payloads against the CRCs.
-- ``loader_batch``: the batch through the real ``ffcv.Loader``, run by the write job, which has
-  ffcv (torch) imported already, after the file's structural checks passed. The verification would
-  otherwise import ffcv in a process of its own (~1.5 s of a core) for this batch alone. Used only
+- ``loader_batch``: the batch through the real ``ffcv.Loader``, run by the write job where it has
+  ffcv (torch) imported already (a source or field of the user's imported it: betonbuild's writer
+  does not), after the file's structural checks passed. The verification would otherwise import
+  ffcv in a process of its own (2-3 s of a core) for this batch alone. Used only
   for the same file: the verification's SHA-256 of the file (which it computes anyway) must equal
   the one the write job took after the batch. (Snakemake touches every output after its job, so
   size, inode and mtime cannot tell.)
@@ -15,6 +16,7 @@ learn again, and the conditions under which it still describes that file.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from betonbuild.beton.format import BetonFile
@@ -42,8 +44,10 @@ def measured_for(spec: DatasetSpec, record: dict[str, Any], manifest: dict[str, 
 
 def loader_batch_after_write(spec: DatasetSpec, path: str) -> dict[str, Any] | None:
     """The Loader batch of the file just written at ``path``, for its record; None where the
-    verification needs ffcv's modules anyway (``content_without_ffcv``), so it gains nothing."""
-    if not content_without_ffcv(spec):
+    verification needs ffcv's modules anyway (``content_without_ffcv``), so it gains nothing, or
+    where this process has not imported ffcv: the verification's child process then imports it on
+    a core of its own, instead of this job doing so after the write, on the build's critical path."""
+    if not content_without_ffcv(spec) or "ffcv.loader" not in sys.modules:
         return None
     try:
         beton = BetonFile(path, custom_handlers=custom_handlers(spec))

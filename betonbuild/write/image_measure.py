@@ -30,8 +30,9 @@ import numpy as np
 from betonbuild._compat.ffcv_ctypes import ffcv_imdecode, libffcv
 from betonbuild.beton.format import IMAGE_MODE_RAW
 from betonbuild.config.spec import DatasetSpec
+from betonbuild.fields.builtin_encoders import ffcv_resizer
 from betonbuild.fields.kept_jpeg import KeptJPEG
-from betonbuild.fields.rgb_image import ffcv_resizer, jpeg_error
+from betonbuild.fields.rgb_image import jpeg_error
 
 MEASURE = np.dtype([("crc", "<u4"), ("mean", "<f4"), ("worst", "u1"), ("state", "u1")])
 # ``state``: UNMEASURED where imdecode refused the JPEG; KEPT: a source JPEG stored as it was

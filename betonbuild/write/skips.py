@@ -3,7 +3,7 @@
 How a sample is left out (the choice, and why): ffcv's ``DatasetWriter`` fixes ``num_samples`` and
 every sample's metadata row before the first sample is read, so a sample found bad while writing
 already has a row. Checking every sample in a pre-pass before the write would read (and decode)
-every image twice. Instead the writer's worker (``betonbuild._compat.ffcv_writer``) catches the
+every image twice. Instead the writer's worker (``betonbuild.write.beton_writer``) catches the
 sample's failure, takes its allocation records back off the allocator's list (ffcv's own retry does
 the same), zeroes its metadata row, reports a ``SkippedSample`` and moves on; its few bytes already
 copied into the page stay there, referenced by nothing. Then ``finalize``, which copies the metadata

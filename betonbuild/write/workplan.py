@@ -5,7 +5,7 @@ puts every chunk on a queue up front: about 130 bytes per sample in the parent, 
 write. A ``WorkPlan`` is the order itself (even chunks of ``chunksize`` consecutive positions) or,
 for sources read in groups (one item per webdataset shard), two int64 columns and the items'
 bounds. The writer's workers inherit it through ``fork`` and take items by number from a shared
-counter (``betonbuild._compat.ffcv_writer``), so the work queue holds nothing.
+counter (``betonbuild.write.beton_writer``), so the work queue holds nothing.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Runs ffcv's DatasetWriter so that it can neither hang nor leave a partial file.
+"""Writes a dataset to a .beton so that the write can neither hang nor leave a partial file.
 
 Plain ffcv spins forever when a worker raises: its parent only polls a done-counter. Here each
 worker reports its exception on a queue and exits; the parent watches that queue and the workers'
-exit codes (``betonbuild._compat.ffcv_writer``, the override of ffcv's internals), and on any
+exit codes (``betonbuild.write.beton_writer``, betonbuild's writer of ffcv's layout), and on any
 failure (or SIGTERM/SIGINT) terminates the workers, releases the shared memory and removes the
 temp file. The file reaches its target path only after a complete write.
 
@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from betonbuild._compat.ffcv_writer import WorkerFailure, safe_writer_class
 from betonbuild.atomic import DISK_FULL_ERRNOS, atomic_path
 from betonbuild.atomic import disk_full_error as atomic_disk_full_error
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import SampleError, SourceError, WriteError
 from betonbuild.fields import build_fields
 from betonbuild.fields.kept_jpeg import keep_failure, keep_tally, keeps_source_jpeg, reason_of, resolve_source_jpeg
+from betonbuild.write.beton_writer import BetonWriter, WorkerFailure
 from betonbuild.write.contract import check_sample, sample_to_tuple
 from betonbuild.write.image_measure import image_measure
 from betonbuild.write.progress import Progress
@@ -291,10 +291,9 @@ def write_beton(
             fields[field.name] = measure.wrap(field.name, fields[field.name], max_resolution, dataset.index_now)
     num_workers = max(1, min(num_workers, len(order)))
     progress = Progress(label or spec.name, len(order), stream=log)
-    writer_class = safe_writer_class()
     started = time.monotonic()
     with atomic_path(target) as tmp, _signals_raise():
-        writer = writer_class(
+        writer = BetonWriter(
             str(tmp),
             fields,
             page_size=spec.writer.page_size,

@@ -162,7 +162,7 @@ def shared_memory_kib() -> int:
 
 def test_a_shared_order_read_by_a_forked_worker_leaves_its_rss_and_keeps_its_content():
     """The write's sample order in shared memory: a forked worker that read all of it drops its view
-    (as ``_compat.ffcv_writer``'s workers do every RELEASE_EVERY samples) and reads the same values
+    (as ``write.beton_writer``'s workers do every RELEASE_EVERY samples) and reads the same values
     again; a private copy would stay in the worker's RSS to the end (800 MB at 100M rows)."""
     import json  # why: only this test talks to a child process
     import os

@@ -2,8 +2,9 @@ rule smoke:
     """The first k and k seeded-random samples, one worker, then read back in full: the gate.
 
     The full build starts only when the smoke file reads back equal to its source. Writing it
-    and verifying it are one job, so that ffcv (torch) is imported once (the gate's Loader batch
-    reuses the write's import): smoke.verify.json is written only when every check passed.
+    and verifying it are one job (one start-up): smoke.verify.json is written only when every
+    check passed. Two threads: the file is written by one worker, while the gate's Loader batch
+    imports ffcv (torch, 2-3 s) in a process of its own on the second.
     Reruns when those samples (or the largest ones its pre-flight inspects) change: through
     smoke.json, not the manifest's date, so an edit elsewhere in the source leaves it alone.
     """
@@ -21,7 +22,7 @@ rule smoke:
         benchmark_path("smoke")
     conda:
         "../envs/ffcv.yaml"
-    threads: 1
+    threads: 2
     resources:
         mem_mb=smoke_gate_mem_mb,
         runtime=smoke_gate_runtime,

@@ -17,7 +17,7 @@ from betonbuild._compat import PYTHON, Checked, check_versions, compat_modules, 
 
 PACKAGE = Path(compat.__file__).parent
 # The modules known to exist now (others may be added: each is checked like these).
-KNOWN = {"ffcv_import", "ffcv_writer", "fast_exit", "snakemake_locks", "snakemake_timers"}
+KNOWN = {"ffcv_import", "fast_exit", "snakemake_locks", "snakemake_timers"}
 
 
 def test_the_installed_versions_are_the_checked_ones():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from betonbuild.demo import colour_photos
-from betonbuild.fields.rgb_image import ffcv_resizer
+from betonbuild.fields.builtin_encoders import ffcv_resizer
 
 SIZES = [
     (2, 2),

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from betonbuild._compat import ffcv_writer
 from betonbuild.config.load import load_config
 from betonbuild.mapped_pages import shared_array
+from betonbuild.write import beton_writer
 from betonbuild.write.workplan import WorkPlan
 from betonbuild.write.writer import write_beton
 
@@ -66,9 +66,9 @@ def plain_ffcv(path: Path, order: np.ndarray, chunksize: int) -> None:
 def test_one_worker_writes_the_bytes_plain_ffcv_writes(tmp_path: Path, monkeypatch, chunksize: int):
     # records moved to the worker's file every 5 allocations: many moves, some next to page retries;
     # the table's (and the order's) pages released every 7 samples, and copied into the file 3 pages at a time
-    monkeypatch.setattr(ffcv_writer, "ALLOCATIONS_PER_FLUSH", 5)
-    monkeypatch.setattr(ffcv_writer, "RELEASE_EVERY", 7)
-    monkeypatch.setattr(ffcv_writer, "TABLE_BLOCK", 3 * 4096 + 40)
+    monkeypatch.setattr(beton_writer, "ALLOCATIONS_PER_FLUSH", 5)
+    monkeypatch.setattr(beton_writer, "RELEASE_EVERY", 7)
+    monkeypatch.setattr(beton_writer, "TABLE_BLOCK", 3 * 4096 + 40)
     order = np.random.default_rng(3).permutation(3000)
     plain_ffcv(tmp_path / "plain.beton", order, chunksize)
     # the order in shared memory, as the workflow's full write has it: the worker drops its pages too
@@ -81,7 +81,7 @@ def test_one_worker_writes_the_bytes_plain_ffcv_writes(tmp_path: Path, monkeypat
 def test_two_workers_write_every_sample_and_allocation_once(tmp_path: Path, monkeypatch):
     from betonbuild.beton.format import BetonFile
 
-    monkeypatch.setattr(ffcv_writer, "ALLOCATIONS_PER_FLUSH", 64)
+    monkeypatch.setattr(beton_writer, "ALLOCATIONS_PER_FLUSH", 64)
     order = np.arange(5000)[::-1].copy()
     write_beton(rows_spec(10), Rows(5000), order, tmp_path / "two.beton", num_workers=2)
     beton = BetonFile(str(tmp_path / "two.beton"))
@@ -103,10 +103,10 @@ def test_released_table_pages_leave_the_rss_and_keep_their_content():
         table = np.frombuffer(block.buf, dtype=np.uint32)
         table[:] = np.arange(table.size, dtype=np.uint32)  # every page touched
         touched = rss_shmem_kib()
-        ffcv_writer.release_table_pages(block)
+        beton_writer.release_table_pages(block)
         assert rss_shmem_kib() < touched - 60_000, "the 64 MiB left this process's RSS"
         assert np.array_equal(table, np.arange(table.size, dtype=np.uint32)), "and kept their content"
-        ffcv_writer.release_table_pages(block, 4096 * 5, 100)  # a part of one page, mid-table
+        beton_writer.release_table_pages(block, 4096 * 5, 100)  # a part of one page, mid-table
         assert int(table[4096 * 5 // 4]) == 4096 * 5 // 4
         del table
     finally:

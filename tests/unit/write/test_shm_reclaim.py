@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from betonbuild._compat.ffcv_writer import reclaim_dead_writers_shm, shm_name
+from betonbuild.write.beton_writer import reclaim_dead_writers_shm, shm_name
 
 SHM = Path("/dev/shm")
 SCRIPT = textwrap.dedent(

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from betonbuild._compat import ffcv_writer
 from betonbuild.beton.checks import structural_checks
 from betonbuild.beton.format import BetonFile
 from betonbuild.config.load import load_config
 from betonbuild.provenance import ffcv_build
 from betonbuild.sources import open_source
 from betonbuild.verify import verify_beton
+from betonbuild.write import beton_writer
 from betonbuild.write.skips import SkipLimit, SkippedSample, TooManyBadSamples, kept_blocks, renumber
 from betonbuild.write.writer import write_beton
 
@@ -75,7 +75,7 @@ def sha256(path: Path) -> str:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_python_source_raising_for_some_indices_writes_the_rest_in_order(tmp_path, monkeypatch, workers):
-    monkeypatch.setattr(ffcv_writer, "TABLE_BLOCK", 40)  # the kept rows copied (and released) a few at a time
+    monkeypatch.setattr(beton_writer, "TABLE_BLOCK", 40)  # the kept rows copied (and released) a few at a time
     spec = make_spec()
     record, path = write(tmp_path, spec, RaisingDataset(), workers)
     kept = [i for i in range(N) if i not in BAD]
