@@ -16,6 +16,7 @@ shard, one image, some rows of an array) changes that part's fingerprint alone a
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from betonbuild.config.spec import DatasetSpec
-from betonbuild.errors import ConfigError
+from betonbuild.errors import ConfigError, VerificationError
 from betonbuild.sources.base import Source
 
 
@@ -140,3 +141,31 @@ def _entry(index: int, start: int, stop: int, rows: np.ndarray, fingerprint: str
         "rows_sha256": rows_digest(rows),
         "fingerprint": fingerprint,
     }
+
+
+def verified_parts(spec: DatasetSpec, manifest: dict[str, Any], part_reports: list[str]) -> list[dict[str, Any]]:
+    """The parts' verified content, each checked to be of the partition the manifest now plans."""
+    parts, removed = [], 0  # rows of the merged file move up by the samples earlier parts skipped
+    for planned, path in zip(manifest["partitions"], part_reports, strict=True):
+        with open(path) as fh:
+            verified = json.load(fh)
+        if (
+            not verified.get("ok")
+            or verified.get("part", {}).get("fingerprint") != planned["fingerprint"]
+            or verified["part"].get("rows_sha256") != planned["rows_sha256"]
+        ):
+            raise VerificationError(
+                f"dataset '{spec.name}': {path} is not a passing report of the part the "
+                "manifest now plans; rerun snakemake"
+            )
+        skips = verified.get("skipped", {}).get("count", 0)
+        parts.append(
+            {
+                "index": planned["index"],
+                "start": planned["start"] - removed,
+                "stop": planned["stop"] - removed - skips,
+                "range_digest": verified["part"]["range_digest"],
+            }
+        )
+        removed += skips
+    return parts

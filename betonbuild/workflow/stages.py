@@ -37,6 +37,7 @@ from betonbuild.workflow.partitions import (
     plan_partitions,
     plan_smoke,
     rows_digest,
+    verified_parts,
     whole_order,
 )
 from betonbuild.workflow.resources import check_manifest_memory
@@ -181,6 +182,18 @@ def build(
     """
     if source_class(spec).one_pass and not smoke:  # an iterable: written in one pass, into parts
         return onepass.write_stream(spec, manifest_path, beton_path, record_path, threads, log)
+    # The full file's Loader batch (write_evidence): ffcv imported by a child process during the write
+    loader = start_loader_process(spec, threads or 1) if evidence and not smoke and part is None else None
+    try:
+        paths = (manifest_path, beton_path, record_path, survey_path)
+        return _write(spec, *paths, threads=threads, smoke=smoke, part=part, log=log, evidence=evidence, loader=loader)
+    finally:
+        if loader is not None:
+            loader.close()
+
+
+def _write(spec, manifest_path, beton_path, record_path, survey_path, *, threads, smoke, part, log, evidence, loader):
+    """``build`` of an indexed source; ``loader``: the child that runs the full file's Loader batch, or None."""
     started = time.time()
     dataset_dir = Path(manifest_path).parent
     source = open_source(spec, dataset_dir)
@@ -237,7 +250,7 @@ def build(
         skipped.publish(spec, failure_dir.parent, record, len(rows))
     record.update(dataset=spec.name, stage=stage, rows_sha256=rows_digest(rows), provenance=ffcv_build())
     record["source_state"] = write_evidence.source_state(manifest, part)
-    if evidence and not smoke and (batch := write_evidence.loader_batch_after_write(spec, beton_path)):
+    if evidence and not smoke and (batch := write_evidence.loader_batch_after_write(spec, beton_path, loader)):
         record["loader_batch"] = batch  # its verification need not import ffcv for this batch
     if part is not None:
         record.update(part=part, fingerprint=manifest["partitions"][part]["fingerprint"])
@@ -398,7 +411,7 @@ def verify_dataset(
             raise VerificationError(f"{record_path} was written for other rows than the manifest now gives")
         with open(manifest_path) as fh:
             manifest = json.load(fh)
-        parts = _verified_parts(spec, manifest, part_reports) if part_reports else None
+        parts = verified_parts(spec, manifest, part_reports) if part_reports else None
         report = verify_beton(
             spec,
             source,
@@ -470,31 +483,3 @@ def _skipped_rows(record: dict[str, Any]) -> dict[str, Any]:
     if "skipped" not in record:
         return {}
     return {"skipped": skipped.from_record(record), "skip_limit": record["skipped"]["limit"]}
-
-
-def _verified_parts(spec: DatasetSpec, manifest: dict[str, Any], part_reports: list[str]) -> list[dict[str, Any]]:
-    """The parts' verified content, each checked to be of the partition the manifest now plans."""
-    parts, removed = [], 0  # rows of the merged file move up by the samples earlier parts skipped
-    for planned, path in zip(manifest["partitions"], part_reports, strict=True):
-        with open(path) as fh:
-            verified = json.load(fh)
-        if (
-            not verified.get("ok")
-            or verified.get("part", {}).get("fingerprint") != planned["fingerprint"]
-            or verified["part"].get("rows_sha256") != planned["rows_sha256"]
-        ):
-            raise VerificationError(
-                f"dataset '{spec.name}': {path} is not a passing report of the part the "
-                "manifest now plans; rerun snakemake"
-            )
-        skips = verified.get("skipped", {}).get("count", 0)
-        parts.append(
-            {
-                "index": planned["index"],
-                "start": planned["start"] - removed,
-                "stop": planned["stop"] - removed - skips,
-                "range_digest": verified["part"]["range_digest"],
-            }
-        )
-        removed += skips
-    return parts

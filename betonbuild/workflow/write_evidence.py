@@ -5,10 +5,10 @@ learn again, and the conditions under which it still describes that file.
   re-encoded image, as written. Used only while the source is the one the write read (the same
   fingerprint of its files, and no code of the user's, which could read data no fingerprint covers);
   ``betonbuild.verify.measured`` then checks the stored payloads against the CRCs.
-- ``loader_batch``: the batch through the real ``ffcv.Loader``, run by the write job where it has
-  ffcv (torch) imported already (a source or field of the user's imported it: betonbuild's writer
-  does not), after the file's structural checks passed. The verification would otherwise import
-  ffcv in a process of its own (2-3 s of a core) for this batch alone. Used only
+- ``loader_batch``: the batch through the real ``ffcv.Loader``, run by the write job after the
+  file's structural checks passed, in a child process it started before the write (ffcv's import,
+  torch's, 2-3 s of a core, then overlaps the write; betonbuild's writer imports no ffcv). The
+  verification would otherwise import ffcv after the write, for this batch alone. Used only
   for the same file: the verification's SHA-256 of the file (which it computes anyway) must equal
   the one the write job took after the batch. (Snakemake touches every output after its job, so
   size, inode and mtime cannot tell.)
@@ -23,7 +23,7 @@ from betonbuild.beton.format import BetonFile
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.fields.custom import custom_handlers
 from betonbuild.sources import sha256_file, source_class
-from betonbuild.verify.loader import check_loader_batch, content_without_ffcv
+from betonbuild.verify.loader import LoaderProcess, check_loader_batch, content_without_ffcv
 from betonbuild.verify.structure import allowed_empty, check_structure
 
 
@@ -42,18 +42,22 @@ def measured_for(spec: DatasetSpec, record: dict[str, Any], manifest: dict[str, 
     return record.get("measured_images")
 
 
-def loader_batch_after_write(spec: DatasetSpec, path: str) -> dict[str, Any] | None:
-    """The Loader batch of the file just written at ``path``, for its record; None where the
+def loader_batch_after_write(spec: DatasetSpec, path: str, child: LoaderProcess | None) -> dict[str, Any] | None:
+    """The Loader batch of the file just written at ``path``, for its record: run by ``child`` (a
+    ``start_loader_process`` the write job started before its write, so that ffcv's import ran on
+    another core meanwhile), or here where this process imported ffcv already. None where the
     verification needs ffcv's modules anyway (``content_without_ffcv``), so it gains nothing, or
-    where this process has not imported ffcv: the verification's child process then imports it on
-    a core of its own, instead of this job doing so after the write, on the build's critical path."""
-    if not content_without_ffcv(spec) or "ffcv.loader" not in sys.modules:
+    where neither can run it: the verification then does."""
+    if not content_without_ffcv(spec) or (child is None and "ffcv.loader" not in sys.modules):
         return None
     try:
         beton = BetonFile(path, custom_handlers=custom_handlers(spec))
         structure_ok, detail, _ = check_structure(beton, allowed_empty(spec))
         # ffcv's Loader reads pointers unchecked: a file that fails these is left to the verification
-        ok, detail = check_loader_batch(beton, spec) if structure_ok else (False, f"not run: {detail}")
+        if not structure_ok:
+            ok, detail = False, f"not run: {detail}"
+        else:
+            ok, detail = child.request(path, spec).result() if child else check_loader_batch(beton, spec)
     except Exception as exc:  # noqa: BLE001 - the verification then runs the batch itself, and reports
         ok, detail = False, f"{type(exc).__name__}: {exc}"
     return {"ok": bool(ok), "detail": detail, "sha256": sha256_file(path) if ok else None}

@@ -55,7 +55,7 @@ def built(spec, tmp_path: Path, **extra) -> dict:
         if spec.source["kind"] == "webdataset":
             make_shard_list(spec, str(out / "shards.json"))
         make_source_manifest(spec, w["manifest"], plan_parts=False, log=quiet)
-        w["written"] = build(spec, w["manifest"], w["beton"], w["record"], threads=1, log=quiet)
+        w["written"] = build(spec, w["manifest"], w["beton"], w["record"], threads=2, log=quiet)
     return w
 
 
@@ -299,3 +299,34 @@ def test_a_kept_jpeg_changed_after_the_write_is_compared_with_its_source_and_nam
     assert "CRC-32" in stats["measured_not_used"]
     assert "kept JPEG's" in check(failed, "variable_fields")["detail"]
     assert "sample 0" in check(failed, "variable_fields")["detail"]
+
+
+@pytest.mark.slow
+def test_the_write_jobs_loader_batch_runs_in_a_child_and_the_job_imports_no_ffcv(tmp_path: Path):
+    """The write job imports no ffcv (torch): its Loader batch runs in a child process it started
+    before the write, and the record holds the batch's verdict bound to the file's SHA-256."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        from tests.conftest import make_photo_folder
+        from tests.unit.verify.test_write_evidence import built, folder_spec
+
+        tmp = Path({str(tmp_path)!r})
+        w = built(folder_spec(make_photo_folder(tmp / "photos", per_class=2)), tmp)
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("ffcv", "torch")))
+        print(w["written"]["loader_batch"]["ok"], w["written"]["loader_batch"]["sha256"])
+        """
+    )
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    modules, batch = done.stdout.strip().splitlines()[-2:]
+    assert modules == "[]"
+    from betonbuild.sources import sha256_file
+
+    assert batch == f"True {sha256_file(tmp_path / 'results' / 'photos.beton')}"
