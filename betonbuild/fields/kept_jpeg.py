@@ -155,10 +155,10 @@ def reason_of(raw: Any, checked: Any) -> str:
     return "pixels_from_source"
 
 
-def keeping_encode(ffcv_field):
-    """``ffcv_field`` (an ``RGBImageField``, whose class decides the descriptor's type id, so it stays
+def keeping_encode(encoder):
+    """``encoder`` (an ``RGBImageEncoder``, whose class gives the descriptor's type id, so it stays
     one) whose ``encode`` stores a ``KeptJPEG`` as it is: mode JPEG, the frame's width and height."""
-    encode = ffcv_field.encode
+    encode = encoder.encode
 
     def encode_kept(destination, image, malloc):
         if not isinstance(image, KeptJPEG):
@@ -168,8 +168,8 @@ def keeping_encode(ffcv_field):
         destination["data_ptr"], storage = malloc(len(image.data))
         storage[:] = np.frombuffer(image.data, dtype=np.uint8)
 
-    ffcv_field.encode = encode_kept
-    return ffcv_field
+    encoder.encode = encode_kept
+    return encoder
 
 
 class KeepTally:

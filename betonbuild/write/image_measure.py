@@ -54,9 +54,9 @@ class ImageMeasure:
             for name in names
         }
 
-    def wrap(self, name: str, ffcv_field, max_resolution: int | None, current_index: Callable[[], int | None]):
-        """``ffcv_field`` whose encode measures what it stores for the source index being written."""
-        encode, rows = ffcv_field.encode, self.rows[name]
+    def wrap(self, name: str, encoder, max_resolution: int | None, current_index: Callable[[], int | None]):
+        """``encoder`` whose encode measures what it stores for the source index being written."""
+        encode, rows = encoder.encode, self.rows[name]
 
         def measured_encode(destination, image, malloc):
             index = current_index()
@@ -75,8 +75,8 @@ class ImageMeasure:
             encode(destination, image, remembering_malloc)
             rows[index] = measure_kept(image, stored[-1]) if kept else measure(destination, image, stored[-1])
 
-        ffcv_field.encode = measured_encode
-        return ffcv_field
+        encoder.encode = measured_encode
+        return encoder
 
     def summary(self, order: np.ndarray) -> dict[str, Any]:
         """Per field, over ``order`` (the source index of each row of the file, in file order): how

@@ -142,8 +142,9 @@ def test_cluster_generic_profile_runs_every_job_through_sbatch(slurm, tmp_path):
     )
     assert all(job["JobState"] == "COMPLETED" for job in jobs.values())
     for job in jobs.values():
-        # write and the full verify run on writer.num_workers threads (-1: the run's --cores 2)
-        cpus = 2 if job["Name"].startswith(("smk-write-", "smk-verify-")) else 1
+        # write and the full verify run on writer.num_workers threads (-1: the run's --cores 2); the
+        # smoke job on two: its write, and the gate's Loader process importing ffcv meanwhile
+        cpus = 2 if job["Name"].startswith(("smk-write-", "smk-verify-", "smk-smoke-")) else 1
         assert job["ProcCnt"] == str(cpus), job
         mem = int(re.search(r"mem=(\d+)M", job["Tres"]).group(1))
         assert 700 < mem < 4000, job  # from rules/resources.smk, not the node's memory
