@@ -144,7 +144,6 @@ def _worker_job(
     try:
         metadata = np.frombuffer(metadata_sm.buf, dtype=record_type)
         columns = [metadata[name] for name in record_type.names]
-        encoders = list(fields.values())
         allocator.__enter__()
         written = 0
         while (item := _take(next_item)) < plan.num_items:
@@ -155,7 +154,7 @@ def _worker_job(
                     release_table_pages(metadata_sm)
                     release_mapped(plan.sources, plan.destinations)  # an order in shared memory: its pages read
                 if skips is None:
-                    encode_sample(dataset[source_ix], int(dest_ix), columns, allocator, encoders)
+                    encode_sample(dataset[source_ix], int(dest_ix), columns, allocator, fields.values())
                 elif _encode_or_skip(dataset, source_ix, int(dest_ix), columns, allocator, fields, skips):
                     _stop_after_skips(skips[1])
                 if len(allocator.allocations) >= ALLOCATIONS_PER_FLUSH:
@@ -178,7 +177,7 @@ def _encode_or_skip(dataset, source_ix, dest_ix, columns, allocator, fields, ski
     limit of bad samples and stops."""
     policy, skip_queue = skips
     try:
-        encode_sample(dataset[source_ix], dest_ix, columns, allocator, list(fields.values()))
+        encode_sample(dataset[source_ix], dest_ix, columns, allocator, fields.values())
     except BaseException as exc:  # noqa: BLE001 - the policy says which failures are the sample's
         skipped = policy.describe(dataset, fields, exc, dest_ix, source_ix)
         if skipped is None:
