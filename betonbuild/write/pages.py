@@ -81,11 +81,16 @@ class PageAllocator:
         while self.next_page_written.value != self.my_page:
             time.sleep(PAGE_TURN_POLL_SECONDS)
         if self.my_page == 0:  # the padding between the metadata table and the first page
-            padding = self.offset - self.fp.seek(0, os.SEEK_END)
-            self.fp.write(bytes(padding))
-        self.fp.write(self.page_data.tobytes())  # the file is opened to append: it lands at its offset
+            self._append(bytes(self.offset - self.fp.seek(0, os.SEEK_END)))
+        self._append(self.page_data)  # the file is opened to append: the page lands at its offset
         with self.next_page_written.get_lock():
             self.next_page_written.value += 1
+
+    def _append(self, data) -> None:
+        """All of ``data`` written (an unbuffered write may write less than it is given)."""
+        view = memoryview(data).cast("B")
+        while view.nbytes:
+            view = view[self.fp.write(view) :]
 
 
 def encode_sample(values: tuple, dest_ix: int, columns: list[np.ndarray], allocator: PageAllocator, fields) -> None:
