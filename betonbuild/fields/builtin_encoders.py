@@ -111,19 +111,22 @@ class NDArrayEncoder(BuiltinEncoder):
         data_region[:] = value.reshape(-1).view("<u1")
 
 
+def ffcv_target_size(width: int, height: int, target_resolution: int | None) -> tuple[int, int] | None:
+    """The (width, height) ``ffcv_resizer`` resizes an image of this size to; None if it keeps it."""
+    if target_resolution is None:
+        return None
+    original_size = np.array([width, height])
+    ratio = target_resolution / original_size.max()
+    return tuple(int(v) for v in (ratio * original_size).astype(int)) if ratio < 1 else None
+
+
 def ffcv_resizer(image: np.ndarray, target_resolution: int | None) -> np.ndarray:
     """ffcv's ``ffcv.fields.rgb_image.resizer`` (tests/unit/fields/test_rgb_image_resize.py compares
     both on many sizes): the longest side to ``target_resolution`` by INTER_AREA, never enlarged."""
     import cv2
 
-    if target_resolution is None:
-        return image
-    original_size = np.array([image.shape[1], image.shape[0]])
-    ratio = target_resolution / original_size.max()
-    if ratio < 1:
-        new_size = (ratio * original_size).astype(int)
-        image = cv2.resize(image, tuple(new_size), interpolation=cv2.INTER_AREA)
-    return image
+    size = ffcv_target_size(image.shape[1], image.shape[0], target_resolution)
+    return image if size is None else cv2.resize(image, size, interpolation=cv2.INTER_AREA)
 
 
 def encode_jpeg(image: np.ndarray, quality: int) -> np.ndarray:

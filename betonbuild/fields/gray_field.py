@@ -14,21 +14,9 @@ from typing import Any
 import numpy as np
 
 from betonbuild.beton.format import IMAGE_MODE_JPEG, IMAGE_MODE_RAW
+from betonbuild.fields.builtin_encoders import ffcv_resizer
 from betonbuild.fields.gray_jpeg import decode_gray_jpeg
 from betonbuild.fields.shipped import arguments_record, parse_arguments
-
-
-def resized(image: np.ndarray, max_resolution: int | None) -> np.ndarray:
-    """What ffcv's ``resizer`` does to an image: INTER_AREA down to ``max_resolution``, never up."""
-    if max_resolution is None:
-        return image
-    import cv2
-
-    original = np.array([image.shape[1], image.shape[0]])
-    ratio = max_resolution / original.max()
-    if ratio >= 1:
-        return image
-    return cv2.resize(image, tuple((ratio * original).astype(int)), interpolation=cv2.INTER_AREA)
 
 
 class GrayImageField:
@@ -89,7 +77,7 @@ class GrayImageField:
             image = image[:, :, 0]
         if image.dtype != np.uint8 or image.ndim != 2:
             raise ValueError(f"expected a uint8 HxW image, got {image.dtype} {image.shape}")
-        image = np.ascontiguousarray(resized(image, self.max_resolution))
+        image = np.ascontiguousarray(ffcv_resizer(image, self.max_resolution))
         mode = self.stored_mode(image)
         if mode == IMAGE_MODE_JPEG:
             ok, data = cv2.imencode(".jpg", image, [int(cv2.IMWRITE_JPEG_QUALITY), self.jpeg_quality])

@@ -13,7 +13,8 @@ import numpy as np
 
 from betonbuild.beton.format import IMAGE_MODE_JPEG, IMAGE_MODE_RAW, BetonFile, FieldInfo
 from betonbuild.config.spec import FieldSpec
-from betonbuild.fields.gray_field import GrayImageField, resized
+from betonbuild.fields.builtin_encoders import ffcv_resizer
+from betonbuild.fields.gray_field import GrayImageField
 from betonbuild.fields.kind import Fail, StoredSample, describe
 from betonbuild.fields.rgb_image import MAX_IMAGE_SIDE, MODE_NAMES, RGBImageKind, check_smart_threshold, digits_above
 from betonbuild.fields.shipped import ShippedKind
@@ -82,7 +83,7 @@ class GrayImageKind(ShippedKind):
         record = stored.beton.metadata[field.name][stored.position]
         if not allocations or (int(record["ptr"]), int(record["size"])) != allocations[0]:
             return "the record's pointer is not the sample's allocation"
-        expected = resized(value, field.options["max_resolution"])
+        expected = ffcv_resizer(value, field.options["max_resolution"])
         mode = int(record["mode"])
         if field.options["write_mode"] != "proportion" and mode != self.build(field).stored_mode(expected):
             return f"stored as {MODE_NAMES.get(mode, mode)}; write_mode {field.options['write_mode']} stores otherwise"

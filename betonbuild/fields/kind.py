@@ -96,7 +96,7 @@ class FieldKind:
 
     def build(self, field: FieldSpec) -> Any:
         """The object that writes it: ffcv's Field interface (``metadata_type``, ``to_binary``, ``encode``), and a
-        ``type_id`` where the class is not one of ffcv's (``betonbuild.fields.builtin_encoders``)."""
+        ``betonbuild_type_id`` where the class writes as one of ffcv's (``betonbuild.fields.builtin_encoders``)."""
         raise NotImplementedError(self.name)
 
     def check(self, field: FieldSpec, value: Any, fail: Fail) -> Any:

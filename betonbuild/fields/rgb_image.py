@@ -38,15 +38,6 @@ def jpeg_error(decoded: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
     return mean, int(cv2.norm(decoded, expected, cv2.NORM_INF))
 
 
-def ffcv_target_size(width: int, height: int, target_resolution: int | None) -> tuple[int, int] | None:
-    """The (width, height) ``ffcv_resizer`` resizes an image of this size to; None if it keeps it."""
-    if target_resolution is None:
-        return None
-    original_size = np.array([width, height])
-    ratio = target_resolution / original_size.max()
-    return tuple(int(v) for v in (ratio * original_size).astype(int)) if ratio < 1 else None
-
-
 def digits_above(value: float, limit: float) -> str:
     """``value`` with the fewest decimals (at least 2) that still show it above ``limit``: 8.002
     against 8.0 prints as 8.002, not as 8.00."""

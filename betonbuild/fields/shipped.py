@@ -20,6 +20,7 @@ import numpy as np
 
 from betonbuild.beton.format import CUSTOM_TYPE_ID, BetonFile, FieldInfo
 from betonbuild.config.spec import FieldSpec
+from betonbuild.fields.builtin_encoders import no_arguments
 from betonbuild.fields.custom import ARGUMENT_BYTES, SHIPPED_CLASSES, CustomKind
 
 MAGIC = b"betonbuild kind\0"  # the first 16 argument bytes of a shipped kind's descriptor
@@ -38,7 +39,7 @@ def arguments_record(kind: str, args: dict[str, Any]):
     data[len(MAGIC) : len(MAGIC) + len(kind)] = kind.encode("ascii")
     data[_JSON_AT - 4 : _JSON_AT] = len(text).to_bytes(4, "little")
     data[_JSON_AT : _JSON_AT + len(text)] = text
-    result = np.zeros(1, dtype=np.dtype([("", "<u1", ARGUMENT_BYTES)]))[0]
+    result = no_arguments()
     result[0][:] = np.frombuffer(bytes(data), dtype=np.uint8)
     return result
 

@@ -10,8 +10,8 @@ import numpy as np
 
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
+from betonbuild.fields.builtin_encoders import ffcv_target_size
 from betonbuild.fields.kept_jpeg import KeptJPEG, Reencode, keep_or_reason, keeps_source_jpeg
-from betonbuild.fields.rgb_image import ffcv_target_size
 from betonbuild.sources.base import Source
 from betonbuild.sources.files import count_files
 from betonbuild.sources.folder_listing import (

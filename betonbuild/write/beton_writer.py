@@ -182,8 +182,7 @@ def _encode_or_skip(dataset, source_ix, dest_ix, columns, allocator, fields, ski
         skipped = policy.describe(dataset, fields, exc, dest_ix, source_ix)
         if skipped is None:
             raise
-        while allocator.allocations and allocator.allocations[-1][0] == dest_ix:
-            allocator.allocations.pop()
+        allocator.take_back(dest_ix)
         skip_queue.put(skipped)
         return policy.over_limit()
     return False

@@ -62,17 +62,22 @@ class PageAllocator:
             self.page_offset = 0
             self.page_data.fill(0)
             # The sample's allocations on the page just flushed are given up: it starts again here.
-            started_before = False
-            while self.allocations and self.allocations[-1][0] == self.current_sample_id:
-                self.allocations.pop()
-                started_before = True
-            if started_before:
+            if self.take_back(self.current_sample_id):
                 raise MemoryError("Not enough memory to fit the whole sample")
         previous_offset = self.page_offset
         self.page_offset += size
         ptr = self.offset + self.my_page * self.page_size + previous_offset
         self.allocations.append((self.current_sample_id, ptr, size))
         return ptr, self.page_data[previous_offset : self.page_offset]
+
+    def take_back(self, sample_id: int | None) -> bool:
+        """Forgets the allocation records of ``sample_id`` (all at the list's tail: records leave it
+        only between samples); whether there were any."""
+        found = False
+        while self.allocations and self.allocations[-1][0] == sample_id:
+            self.allocations.pop()
+            found = True
+        return found
 
     def flush_page(self) -> None:
         """Appends this worker's page to the file once every page before it is there."""
