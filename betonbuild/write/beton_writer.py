@@ -131,9 +131,9 @@ def _worker_job(
     ``plan`` by number, the allocation records go to ``allocation_fd`` as they gather, and a failure
     is reported at once, as ``describe_failure(dataset, fields, exc)`` says it, and the worker exits).
 
-    ffcv runs its loop inside ``with allocator:``, whose exit flushes the page, and flushing waits for
-    the other workers' earlier pages: a failing worker could wait there a long time before anyone
-    learned of its error. A failed write is discarded anyway, so nothing is flushed after a failure.
+    ffcv runs its loop inside ``with allocator:``, whose exit flushes the page even after a failure
+    (and ffcv's flush waits for the other workers' earlier pages). A failed write is discarded
+    anyway, so nothing is flushed after a failure: the error reaches the parent at once.
 
     ``skips`` (a ``betonbuild.write.writer.SkipBadSamples`` and its queue): a sample whose failure
     it describes as a sample's fault is left out and reported there instead.

@@ -3,8 +3,14 @@
 with one worker the same file.
 
 Each worker fills one page in memory at a time; the next page number comes from a counter shared by
-the workers, and pages reach the file strictly in number order (a worker whose page is full waits
-for the pages before it). A sample's allocations all lie on one page (ffcv's Loader reads a sample
+the workers. A full page is written at its own offset (``os.pwrite``), whatever the other workers'
+pages have reached: ffcv appends pages in number order, so its worker with a full page waits for
+the pages before it (2-7% of the workers' time in a 2-worker JPEG write, measured at b9f689b). The
+file's bytes are the same: the padding before the first page, zeros in ffcv's file, is a hole that
+reads as zeros until the metadata table is written over its start. After each page the kernel is
+asked to start writing it to disk (``sync_file_range``), so that the fsync before the file is
+published (``betonbuild.atomic``) waits for the last pages only, not for all of them (0.15 s per
+88 MiB here). A sample's allocations all lie on one page (ffcv's Loader reads a sample
 from one page): a sample that does not fit the rest of a page is started again on a fresh one, and
 one that does not fit a fresh page fails with ``MemoryError``. Every allocation is recorded as
 (sample, pointer, size): the allocation table at the end of the file.
@@ -12,16 +18,35 @@ one that does not fit a fresh page fails with ``MemoryError``. Every allocation 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
-import time
 from multiprocessing import Value
 
 import numpy as np
 
 from betonbuild.beton.format import page_aligned
 
-PAGE_TURN_POLL_SECONDS = 0.001  # ffcv's: a worker waiting for its page's turn to be written
+SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing the dirty pages of a range, do not wait
+
+
+def _libc_sync_file_range():
+    """libc's ``sync_file_range``, or None where there is none (not Linux): nothing is hinted."""
+    with contextlib.suppress(OSError, AttributeError):
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+        function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        return function
+    return None
+
+
+SYNC_FILE_RANGE = _libc_sync_file_range()
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Asks the kernel to start writing ``length`` bytes at ``offset`` to disk now, in the
+    background; a hint only (its failure changes nothing: the fsync at the end writes them)."""
+    if SYNC_FILE_RANGE is not None:
+        SYNC_FILE_RANGE(fd, offset, length, SYNC_FILE_RANGE_WRITE)
 
 
 class PageAllocator:
@@ -32,7 +57,6 @@ class PageAllocator:
         self.fname = fname
         self.offset = page_aligned(data_region_start, page_size)
         self.next_page_allocated = Value(ctypes.c_uint64, 0)
-        self.next_page_written = Value(ctypes.c_uint64, 0)
         self.page_size = page_size
         self.page_offset = 0
         self.my_page = -1
@@ -41,12 +65,12 @@ class PageAllocator:
         self.current_sample_id: int | None = None
 
     def __enter__(self) -> PageAllocator:
-        self.fp = open(self.fname, "ab", buffering=0)  # noqa: SIM115 - closed by __exit__, as ffcv's
+        self.fd = os.open(self.fname, os.O_WRONLY)  # closed by __exit__
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.flush_page()
-        self.fp.close()
+        os.close(self.fd)
 
     def space_left_in_page(self) -> int:
         return self.page_size - self.page_offset if self.my_page >= 0 else 0
@@ -80,22 +104,15 @@ class PageAllocator:
         return found
 
     def flush_page(self) -> None:
-        """Appends this worker's page to the file once every page before it is there."""
+        """Writes this worker's page at its offset in the file, and starts its writeback."""
         if self.my_page < 0:
             return
-        while self.next_page_written.value != self.my_page:
-            time.sleep(PAGE_TURN_POLL_SECONDS)
-        if self.my_page == 0:  # the padding between the metadata table and the first page
-            self._append(bytes(self.offset - self.fp.seek(0, os.SEEK_END)))
-        self._append(self.page_data)  # the file is opened to append: the page lands at its offset
-        with self.next_page_written.get_lock():
-            self.next_page_written.value += 1
-
-    def _append(self, data) -> None:
-        """All of ``data`` written (an unbuffered write may write less than it is given)."""
-        view = memoryview(data).cast("B")
-        while view.nbytes:
-            view = view[self.fp.write(view) :]
+        at = self.offset + self.my_page * self.page_size
+        view = memoryview(self.page_data).cast("B")
+        while view.nbytes:  # all of it: a write may write less than it is given
+            written = os.pwrite(self.fd, view, at)
+            view, at = view[written:], at + written
+        start_writeback(self.fd, at - self.page_size, self.page_size)
 
 
 def encode_sample(values: tuple, dest_ix: int, columns: list[np.ndarray], allocator: PageAllocator, fields) -> None:
