@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
@@ -22,6 +20,7 @@ from betonbuild.config.spec import DatasetSpec
 from betonbuild.fields import field_kind
 from betonbuild.fields.custom import custom_handlers
 from betonbuild.fields.kind import OWN_DECODER
+from betonbuild.loader_process import LoaderProcess
 from betonbuild.sources import source_class
 
 
@@ -50,74 +49,23 @@ def import_ffcv() -> None:
     import ffcv.loader  # noqa: F401
 
 
-def start_loader_process(spec: DatasetSpec, threads: int = 2) -> LoaderProcess | None:
+def start_loader_process(
+    spec: DatasetSpec, threads: int = 2, started: LoaderProcess | None = None
+) -> LoaderProcess | None:
     """The child process that will run the Loader batch of ``spec``'s file, started now: it imports
     ffcv meanwhile, then waits for ``request``. None where the comparisons need ffcv's modules
     anyway (``content_without_ffcv``: the batch then runs on a thread), for a job of one thread
     (a second process would use a core Snakemake did not give it: the parts' verifications run
     side by side), or where no process can start. Nor where this process imported ffcv already (the
-    smoke job's gate, after its write): the batch then costs no import, only its run."""
-    if "ffcv.loader" in sys.modules:
-        return None
-    return LoaderProcess.start() if threads > 1 and content_without_ffcv(spec) else None
+    smoke job's gate, after its write): the batch then costs no import, only its run.
 
-
-class LoaderProcess:
-    """``check_loader_batch`` in a child process of the same Python, with this one's ``sys.path``
-    and working directory. ``request`` sends it the file (once the structural checks allow ffcv's
-    Loader to read it), ``result`` waits for its (ok, detail), ``close`` ends it if still running.
-    A crash of ffcv's Loader (it reads pointers unchecked) fails the check, not the whole report."""
-
-    def __init__(self, process: subprocess.Popen, stderr):
-        self.process, self.stderr, self.answer = process, stderr, None
-
-    @classmethod
-    def start(cls) -> LoaderProcess | None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
-        stderr = tempfile.TemporaryFile()
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-c", "from betonbuild.verify.loader import loader_child; loader_child()"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                env=env,
-            )
-        except (OSError, ValueError):
-            stderr.close()
-            return None
-        return cls(process, stderr)
-
-    def request(self, path: str, spec: DatasetSpec) -> LoaderProcess:
-        try:
-            with self.process.stdin:
-                self.process.stdin.write(json.dumps({"path": path, "spec": spec.to_dict()}).encode())
-        except BrokenPipeError:
-            pass  # it ended already: result() reports how
-        self.process.stdin = None  # closed: communicate() must not flush it
-        return self
-
-    def result(self) -> tuple[bool, str]:
-        if self.answer is None:
-            out, _ = self.process.communicate()
-            self.stderr.seek(0)
-            errors = self.stderr.read().decode(errors="replace").strip()
-            try:
-                answer = json.loads(out.decode().strip().splitlines()[-1])
-                self.answer = bool(answer["ok"]), str(answer["detail"])
-            except (ValueError, KeyError, TypeError, IndexError):
-                tail = errors.splitlines()[-1] if errors else "no error output"
-                self.answer = False, f"ffcv.Loader's process ended with exit code {self.process.returncode}: {tail}"
-        return self.answer
-
-    def close(self) -> None:
-        """Kills the child unless its answer was read (a report that ended before the Loader batch)."""
-        if self.answer is None and self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        for stream in (self.process.stdin, self.process.stdout, self.stderr):
-            if stream is not None:
-                stream.close()
+    ``started``: the child a job script started before it imported betonbuild's modules
+    (``betonbuild.loader_process``): used where a child is wanted, ended where not."""
+    if "ffcv.loader" not in sys.modules and threads > 1 and content_without_ffcv(spec):
+        return started or LoaderProcess.start()
+    if started is not None:
+        started.close()
+    return None
 
 
 def loader_child() -> None:

@@ -167,9 +167,11 @@ def build(
     part: int | None = None,
     log=sys.stderr,
     evidence: bool = True,
+    started_loader: LoaderProcess | None = None,
 ) -> dict[str, Any]:
     """Writes the smoke or full .beton, or one part of a partitioned one, and a record of the write
-    (its rows and the ffcv build).
+    (its rows and the ffcv build). ``started_loader``: the Loader batch's child, if the job script
+    started it first thing (``betonbuild.loader_process``).
 
     ``evidence``: the record also holds what its verification reuses (``workflow.write_evidence``):
     the measured images and, but for the smoke file, the Loader batch. ``betonbuild write`` passes
@@ -180,10 +182,15 @@ def build(
     for ``betonbuild repro``; under ``bad_samples: {policy: skip}`` it is left out instead, up to the
     limit (``workflow.skipped``).
     """
-    if source_class(spec).one_pass and not smoke:  # an iterable: written in one pass, into parts
-        return onepass.write_stream(spec, manifest_path, beton_path, record_path, threads, log)
+    one_pass = source_class(spec).one_pass and not smoke  # an iterable: written in one pass, into parts
     # The full file's Loader batch (write_evidence): ffcv imported by a child process during the write
-    loader = start_loader_process(spec, threads or 1) if evidence and not smoke and part is None else None
+    loader = None
+    if evidence and not smoke and part is None and not one_pass:
+        loader = start_loader_process(spec, threads or 1, started_loader)
+    elif started_loader is not None:
+        started_loader.close()  # not needed here after all
+    if one_pass:
+        return onepass.write_stream(spec, manifest_path, beton_path, record_path, threads, log)
     try:
         paths = (manifest_path, beton_path, record_path, survey_path)
         return _write(spec, *paths, threads=threads, smoke=smoke, part=part, log=log, evidence=evidence, loader=loader)
@@ -281,10 +288,12 @@ def smoke_and_gate(
     failed_report_path: str,
     threads: int | None = None,
     log=sys.stderr,
+    started_loader: LoaderProcess | None = None,
 ) -> dict[str, Any]:
     """The smoke stage and its gate in one job: smoke.beton written (``build``), read back in full (``verify_dataset``)
-    or the build stops. Its Loader batch imports ffcv (2-3 s; the write does not) in a child started first."""
-    loader = start_loader_process(spec, threads or 1)
+    or the build stops. Its Loader batch imports ffcv (2-3 s; the write does not) in a child started
+    first (``started_loader``, if the job script started it before importing this module)."""
+    loader = start_loader_process(spec, threads or 1, started_loader)
     try:
         build(spec, manifest_path, beton_path, record_path, threads=1, smoke=True, survey_path=survey_path, log=log)
     except BaseException:

@@ -2,8 +2,14 @@
 import sys
 
 sys.path.append(snakemake.scriptdir + "/../../..")  # --sdm conda: betonbuild from beside us; last: the env wins
-from betonbuild.workflow.rulescript import dataset_spec, run
-from betonbuild.workflow.stages import smoke_and_gate
+from betonbuild.loader_process import LoaderProcess
+
+# The gate's Loader batch imports ffcv (torch) in a child: started first, on the job's second core,
+# while this process imports betonbuild's modules (the job waits for that import, not for those).
+started_loader = LoaderProcess.start() if snakemake.threads > 1 else None
+
+from betonbuild.workflow.rulescript import dataset_spec, run  # noqa: E402
+from betonbuild.workflow.stages import smoke_and_gate  # noqa: E402
 
 run(
     snakemake,
@@ -16,5 +22,6 @@ run(
         snakemake.output.report,
         snakemake.params.failed_report,
         threads=snakemake.threads,
+        started_loader=started_loader,
     ),
 )

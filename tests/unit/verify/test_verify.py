@@ -518,6 +518,37 @@ def test_the_loader_batch_runs_in_a_child_process_only_when_the_comparisons_need
     assert start_loader_process(spec) is None  # ffcv imported already (the smoke job's gate): no child
 
 
+def test_a_child_started_before_the_spec_was_known_is_used_where_wanted_and_ended_where_not(monkeypatch):
+    """The job scripts start the Loader's child first thing (betonbuild.loader_process); the spec
+    then decides: the same process is the batch's child, or it is ended at once."""
+    from betonbuild.loader_process import LoaderProcess
+    from betonbuild.verify import start_loader_process
+
+    monkeypatch.delitem(sys.modules, "ffcv.loader", raising=False)  # as in a job's own process
+    entry = {"source": {"kind": "arrays", "columns": {"a": "a.npy"}}, "fields": {"a": {"type": "int"}}}
+    spec = load_config({"datasets": {"d": entry}}).datasets["d"]
+    started = LoaderProcess.start()
+    assert start_loader_process(spec, threads=2, started=started) is started
+    started.close()
+    unwanted = LoaderProcess.start()
+    assert start_loader_process(spec, threads=1, started=unwanted) is None  # one thread: no second process
+    assert unwanted.process.returncode is not None  # ended, not left importing torch beside the job
+
+
+def test_the_loader_child_can_be_started_without_importing_betonbuilds_modules():
+    """What lets a job script start it before its own imports: the standard library alone."""
+    import subprocess
+
+    script = (
+        "import sys; from betonbuild.loader_process import LoaderProcess; "
+        "heavy = [m for m in ('numpy', 'jsonschema', 'betonbuild.verify', 'betonbuild.config.spec') "
+        "if m in sys.modules]; "
+        "child = LoaderProcess.start(); child.close(); print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+
+
 def test_the_loader_process_reports_a_file_it_cannot_read_as_a_failed_check(tmp_path: Path, monkeypatch):
     from betonbuild.verify import start_loader_process
 
