@@ -14,6 +14,7 @@ import numpy as np
 from betonbuild._compat.ffcv_epoch_errors import install as raise_loader_thread_errors
 from betonbuild._compat.ffcv_loader_memory import lean_os_cache
 from betonbuild._compat.ffcv_numba_cache import cache_compiled_code
+from betonbuild._compat.numba_blas_check import skip_blas_check
 from betonbuild.beton.format import BetonFile
 from betonbuild.config.load import spec_from_dict
 from betonbuild.config.spec import DatasetSpec
@@ -70,7 +71,9 @@ def start_loader_process(
 
 def loader_child() -> None:
     """The child process of ``LoaderProcess``: imports ffcv at once, then reads {path, spec} on stdin
-    and prints {ok, detail} (nothing on stdin: it is not needed, and exits)."""
+    and prints {ok, detail} (nothing on stdin: it is not needed, and exits). Its fields' decoders are
+    ffcv's and betonbuild's, none of which calls BLAS: numba's check for one is skipped."""
+    skip_blas_check()
     try:
         import_ffcv()
         failure = None
