@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import html
 import json
+import resource
+import time
 from pathlib import Path
 
 import numpy as np
@@ -131,8 +133,44 @@ def block_histogram(values: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarr
     return counts, edges
 
 
-def summary_html(spec: DatasetSpec, report_path: str, record_path: str, benchmarks: list[str], out_html: str) -> None:
-    """One page per dataset: size, fields, checks with outcomes, provenance and build timings."""
+def report_assets(
+    spec: DatasetSpec,
+    beton_path: str,
+    report_path: str,
+    record_path: str,
+    benchmarks: list[str],
+    out_png: str,
+    out_html: str,
+    this_job: tuple[str, float] | None = None,
+) -> None:
+    """What ``snakemake --report`` shows of a verified file: its ``preview`` and its summary page.
+    ``this_job``: (stage, its start on ``time.monotonic()``) of the job making them, whose own
+    benchmark file Snakemake writes only once it has ended: the timings table's last row, measured here."""
+    preview(beton_path, spec, out_png)
+    timings = []
+    if this_job is not None:
+        stage, started = this_job
+        timings.append([f"{stage} (this job, up to this page)", round(time.monotonic() - started, 3), _max_rss_mb()])
+    summary_html(spec, report_path, record_path, benchmarks, out_html, timings)
+
+
+def _max_rss_mb() -> float:
+    """The largest resident size of this process and of any child it waited for, in MB (as
+    Snakemake's benchmark files give it)."""
+    peaks = (resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return round(max(peaks) / 1024, 2)  # kilobytes on Linux
+
+
+def summary_html(
+    spec: DatasetSpec,
+    report_path: str,
+    record_path: str,
+    benchmarks: list[str],
+    out_html: str,
+    more_timings: list[list] = (),
+) -> None:
+    """One page per dataset: size, fields, checks with outcomes, provenance and build timings (a
+    stage whose benchmark file is gone is left out; ``more_timings``: rows after the files')."""
     report = json.loads(Path(report_path).read_text())
     record = json.loads(Path(record_path).read_text())
     esc = html.escape
@@ -149,12 +187,15 @@ def summary_html(spec: DatasetSpec, report_path: str, record_path: str, benchmar
     provenance = [[k, writer.get(k), reader.get(k)] for k in sorted(set(writer) | set(reader))]
     timings = []
     for path in benchmarks:
+        if not Path(path).is_file():
+            continue  # removed since (benchmarks/ is not an output any later job needs)
         lines = Path(path).read_text().splitlines()
         if len(lines) >= 2:
             values = dict(zip(lines[0].split("\t"), lines[-1].split("\t")))
             stage, stem = Path(path).parent.name, Path(path).stem  # write_part/{ds}.{part}.tsv: "write_part 3"
             label = stage if stem == spec.name else f"{stage} {stem.removeprefix(spec.name + '.')}"
             timings.append([label, values.get("s"), values.get("max_rss")])
+    timings += list(more_timings)
     status = "verified OK" if report["ok"] else f"FAILED: {report.get('worst')}"
     skipped = report.get("skipped")  # bad_samples: {policy: skip}
     skip_line = (

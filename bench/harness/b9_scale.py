@@ -194,7 +194,7 @@ def _measure(ctx: Context, family: str, n: int, tag: str, work, plain_command: l
 def job_costs(jobs_per_round: list[dict], n: int, build_seconds: float) -> dict:
     """Per rule: median wall seconds, peak max_rss/max_pss (MiB) over the rounds, and seconds per sample;
     plus Snakemake itself (the build's median wall time minus the jobs' sum: it runs them one after another
-    here, a single dataset's chain; only report_assets may overlap verify)."""
+    here, a single dataset's chain)."""
     rules = sorted({rule for run in jobs_per_round for rule in run})
     costs = {}
     for rule in rules:

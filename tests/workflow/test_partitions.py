@@ -422,8 +422,7 @@ def rerun_only(ds: str, part: int, smoke: bool, shard_list: bool = False) -> set
         ("write_part", ds, part),
         ("verify_part", ds, part),
         ("merge", ds, None),
-        ("verify", ds, None),
-        ("report_assets", ds, None),
+        ("verify", ds, None),  # and the report's preview and summary
     }
     jobs |= {("smoke", ds, None)} if smoke else set()  # the smoke write and its gate: one job
     return jobs | ({("shard_list", ds, None)} if shard_list else set())
