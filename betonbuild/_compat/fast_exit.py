@@ -26,8 +26,8 @@ CHECKED = (
 )
 
 
-def exit_without_teardown(*files) -> None:
-    """Exits with status 0 now, atexit handlers run and every buffer flushed. A process that still
+def exit_without_teardown(*files, status: int = 0) -> None:
+    """Exits with ``status`` now, atexit handlers run and every buffer flushed. A process that still
     has a child process returns instead (and exits normally), so that multiprocessing joins it."""
     if multiprocessing.active_children():
         return
@@ -36,4 +36,4 @@ def exit_without_teardown(*files) -> None:
         if stream is not None:
             stream.flush()
     ctypes.CDLL(None).fflush(None)  # output of C extensions, written with printf
-    os._exit(0)
+    os._exit(status)

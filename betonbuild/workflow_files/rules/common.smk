@@ -6,6 +6,7 @@ from snakemake.utils import validate
 
 from betonbuild.workflow import rerun
 from betonbuild.workflow.locks import clear_stale_locks, record_lock_owner
+from betonbuild._compat.snakemake_exit import install as install_fast_snakemake_exit
 from betonbuild._compat.snakemake_timers import cancel_idle_timers
 from betonbuild.provenance import installed_ffcv_build
 from betonbuild.sources import (
@@ -29,6 +30,7 @@ RESULTS = CONFIG.results
 DATASETS = CONFIG.datasets
 
 if workflow.is_main_process:
+    install_fast_snakemake_exit()
     _cleared = clear_stale_locks()
     if _cleared:
         logger.warning(f"betonbuild: {_cleared}")
