@@ -8,7 +8,7 @@ JPEGs and a PNG named ``.JPEG`` (ImageNet's train set's quirks). ``rgb_image`` j
   ``write_imagenet.py``;
 - ``write_reencode`` / ``write_keep``: ``betonbuild write`` with ``source_jpeg: reencode`` / ``keep``;
 - ``snakemake_reencode`` / ``snakemake_keep``: ``snakemake --cores cores all`` from a clean project
-  with ``verify.mode: full`` (listing, manifest, smoke, gate, write, full verification, report assets).
+  with ``verify.mode: full`` (listing, manifest, smoke and its gate, write, full verification and the report's assets).
 Content check of every round: the ``reencode`` files have plain ffcv's content digest; the two
 ``keep`` files have one digest between them. Then a one-image folder: ``plain_ffcv`` vs
 ``snakemake_reencode`` (the fixed cost of a build).
