@@ -86,7 +86,10 @@ def test_the_content_digests_blocks_submitted_at_once_keep_few_pages_mapped(tmp_
         assert digest.range_from_leaves(leaves) == digest.range_digest(beton, 0, rows, 1)
         del beton
     plain, releasing = mapped.values()
-    assert plain > 15 and releasing < plain / 2, mapped  # the file's ~24 MiB of rows and tables, or a few blocks' pages
+    # the file's ~21 MiB of rows, payloads and tables read (or a few blocks' pages): a virtual machine's
+    # proactive reclaim (DAMON's pageout scheme, kdamond, runs on the CI machine) pages out some of
+    # them while the pass runs: 14 MiB stayed mapped there in every run, at b9f689b as now
+    assert plain > 9 and releasing < plain / 2, mapped
 
 
 @pytest.fixture
