@@ -88,6 +88,17 @@ def test_no_locks_is_nothing_to_do_and_the_owner_file_stays(tmp_path, monkeypatc
     assert OWNER_FILE.exists()
 
 
+def wait_for_environment(pid: int, name: str, timeout: float = 30.0) -> None:
+    """Waits until process ``pid`` runs with ``name`` in its environment: between fork and exec a
+    loaded machine shows the forking process's environment (the fresh-clone CI at eb3b8c7 raced)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while f"{name}=".encode() not in open(f"/proc/{pid}/environ", "rb").read():
+        assert time.monotonic() < deadline, f"process {pid} never showed {name} in its environment"
+        time.sleep(0.01)
+
+
 def test_the_locks_are_kept_while_a_job_of_the_dead_run_still_runs(workdir):
     """The main process is gone, but a job it started (carrying its run token) still runs and may
     still write: the lock stays, and the message names the job's process and what to do."""
@@ -98,6 +109,7 @@ def test_the_locks_are_kept_while_a_job_of_the_dead_run_still_runs(workdir):
         env={**os.environ, TOKEN_VAR: "run-old"},
     )
     try:
+        wait_for_environment(job.pid, TOKEN_VAR)  # until exec, /proc shows the parent's environment
         message = clear_stale_locks()
         assert len(lock_files()) == 2 and OWNER_FILE.exists()
         assert message is not None and f"{job.pid}" in message and "still run" in message
