@@ -113,8 +113,8 @@ class NDArrayEncoder(BuiltinEncoder):
 
 def ffcv_target_size(width: int, height: int, target_resolution: int | None) -> tuple[int, int] | None:
     """The (width, height) ``ffcv_resizer`` resizes an image of this size to; None if it keeps it."""
-    if target_resolution is None:
-        return None
+    if target_resolution is None or max(width, height) <= target_resolution:
+        return None  # ffcv's ratio below is then >= 1 (checked without numpy: once per image)
     original_size = np.array([width, height])
     ratio = target_resolution / original_size.max()
     return tuple(int(v) for v in (ratio * original_size).astype(int)) if ratio < 1 else None
@@ -176,15 +176,16 @@ class RGBImageEncoder(BuiltinEncoder):
                 write_mode = "jpg"
         elif write_mode == "proportion":
             write_mode = "jpg" if np.random.rand() < self.proportion else "raw"
-        destination["mode"] = IMAGE_MODES[write_mode]
-        destination["height"], destination["width"] = image.shape[:2]
+        mode = IMAGE_MODES[write_mode]
         if write_mode == "jpg":
             if as_jpg is None:
                 as_jpg = encode_jpeg(image, self.jpeg_quality)
-            destination["data_ptr"], storage = malloc(as_jpg.nbytes)
+            data_ptr, storage = malloc(as_jpg.nbytes)
             storage[:] = as_jpg
         elif write_mode == "raw":
-            destination["data_ptr"], storage = malloc(image.nbytes)
+            data_ptr, storage = malloc(image.nbytes)
             storage[:] = np.ascontiguousarray(image).view("<u1").reshape(-1)
         else:
             raise ValueError(f"Unsupported write mode {self.write_mode}")
+        height, width = image.shape[:2]
+        destination[0] = (mode, width, height, data_ptr)  # the record's field order; one assignment, not four
