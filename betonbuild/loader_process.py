@@ -3,12 +3,13 @@ started at once, it imports ffcv (torch, 2-3 s of one core) and waits for the fi
 
 Apart from the rest of ``betonbuild.verify`` so that a job script can start it before it imports
 betonbuild's own modules (numpy, jsonschema, the stages: 0.4-0.5 s of the job's first core): the
-smoke job is bound by this child's import, and the full write's child competes with the writer's
-workers for the cores once they run. This module imports nothing but the standard library.
+smoke gate waits for this child's import, and the full write after it in the same job finds ffcv
+imported already. This module imports nothing but the standard library.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,12 +23,20 @@ if TYPE_CHECKING:
 
 class LoaderProcess:
     """``check_loader_batch`` in a child process of the same Python, with this one's ``sys.path``
-    and working directory. ``request`` sends it the file (once the structural checks allow ffcv's
-    Loader to read it), ``result`` waits for its (ok, detail), ``close`` ends it if still running.
-    A crash of ffcv's Loader (it reads pointers unchecked) fails the check, not the whole report."""
+    and working directory. ``request`` sends it a file (once the structural checks allow ffcv's
+    Loader to read it), ``result`` waits for its (ok, detail), ``close`` ends it. A crash of ffcv's
+    Loader (it reads pointers unchecked) fails the check, not the whole report.
+
+    One child can run several batches, one request at a time (one JSON line each way): a write job
+    that gates on its smoke file and then writes the full one imports ffcv once for both batches.
+    Under ``kept_open`` its users' ``close`` leaves it waiting for the next request."""
 
     def __init__(self, process: subprocess.Popen, stderr):
-        self.process, self.stderr, self.answer = process, stderr, None
+        self.process, self.stderr = process, stderr
+        self.answer: tuple[bool, str] | None = None
+        self.pending = False  # a request sent, its answer not read yet
+        self.served = 0  # answers read
+        self.kept = False
 
     @classmethod
     def start(cls) -> LoaderProcess | None:
@@ -47,31 +56,59 @@ class LoaderProcess:
         return cls(process, stderr)
 
     def request(self, path: str, spec: DatasetSpec) -> LoaderProcess:
+        self.answer, self.pending = None, True
         try:
-            with self.process.stdin:
-                self.process.stdin.write(json.dumps({"path": path, "spec": spec.to_dict()}).encode())
-        except BrokenPipeError:
+            self.process.stdin.write(json.dumps({"path": path, "spec": spec.to_dict()}).encode() + b"\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, ValueError):
             pass  # it ended already: result() reports how
-        self.process.stdin = None  # closed: communicate() must not flush it
         return self
 
     def result(self) -> tuple[bool, str]:
         if self.answer is None:
-            out, _ = self.process.communicate()
-            self.stderr.seek(0)
-            errors = self.stderr.read().decode(errors="replace").strip()
-            try:
-                answer = json.loads(out.decode().strip().splitlines()[-1])
-                self.answer = bool(answer["ok"]), str(answer["detail"])
-            except (ValueError, KeyError, TypeError, IndexError):
-                tail = errors.splitlines()[-1] if errors else "no error output"
-                self.answer = False, f"ffcv.Loader's process ended with exit code {self.process.returncode}: {tail}"
+            self.answer = self._read_answer()
+            self.pending = False
+            self.served += 1
         return self.answer
 
+    def _read_answer(self) -> tuple[bool, str]:
+        """The next answer line; other lines on stdout (ffcv's or numba's prints) are passed over."""
+        for line in iter(self.process.stdout.readline, b""):
+            try:
+                answer = json.loads(line.decode(errors="replace"))
+                return bool(answer["ok"]), str(answer["detail"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        self.process.wait()
+        self.stderr.seek(0)
+        errors = self.stderr.read().decode(errors="replace").strip()
+        tail = errors.splitlines()[-1] if errors else "no error output"
+        return False, f"ffcv.Loader's process ended with exit code {self.process.returncode}: {tail}"
+
+    @contextlib.contextmanager
+    def kept_open(self):
+        """Within: ``close`` leaves the child running for the next request, unless a batch is under
+        way (its answer never read: the child is busy, so it is ended). At the exit it is ended."""
+        self.kept = True
+        try:
+            yield self
+        finally:
+            self.kept = False
+            self.close()
+
     def close(self) -> None:
-        """Kills the child unless its answer was read (a report that ended before the Loader batch)."""
-        if self.answer is None and self.process.poll() is None:
+        """Ends the child: at once if it was never asked or is mid-batch (its answer unread), else by
+        closing its stdin (it then exits). Kept open (``kept_open``), an idle child is left running."""
+        running = self.process.poll() is None
+        if self.kept and running and not self.pending:
+            return
+        if running and (self.pending or not self.served):
             self.process.kill()
+        if self.pending:
+            self.answer, self.pending = (False, "ffcv.Loader's process was ended before it answered"), False
+        with contextlib.suppress(OSError, ValueError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()  # an idle child reads EOF and exits
         self.process.wait()
         for stream in (self.process.stdin, self.process.stdout, self.stderr):
             if stream is not None:

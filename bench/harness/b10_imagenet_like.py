@@ -8,17 +8,21 @@ JPEGs and a PNG named ``.JPEG`` (ImageNet's train set's quirks). ``rgb_image`` j
   ``write_imagenet.py``;
 - ``write_reencode`` / ``write_keep``: ``betonbuild write`` with ``source_jpeg: reencode`` / ``keep``;
 - ``snakemake_reencode`` / ``snakemake_keep``: ``snakemake --cores cores all`` from a clean project
-  with ``verify.mode: full`` (listing, manifest, smoke and its gate, write, full verification and the report's assets).
+  with ``verify.mode: full`` (listing, manifest, the write job: smoke file, its gate and the full
+  write, then the full verification and the report's assets).
 Content check of every round: the ``reencode`` files have plain ffcv's content digest; the two
 ``keep`` files have one digest between them. Then a one-image folder: ``plain_ffcv`` vs
 ``snakemake_reencode`` (the fixed cost of a build).
 
 Ratios against issue 18's targets: ``snakemake all`` / plain at 256 with reencode (<= 1.0) and at
-512 with keep (<= 0.35); the verify job / the write job of ``snakemake_reencode`` (<= 0.5); the
+512 with keep (<= 0.35); the verify job / the write job's full write (the job less its smoke
+stage) of ``snakemake_reencode`` (<= 0.5); the
 one-image build / plain (<= 1.2). (Issue 18's JPEG write / ``cv2.imencode`` limit is benchmark 3's.)
 """
 
 from __future__ import annotations
+
+import json
 
 from .b10_data import imagenet_like
 from .runner import ContentMismatch, Context, Side, alternate, clean, inner_seconds, ratio, summarise, target
@@ -29,6 +33,7 @@ TITLE = "ImageNet-like folder: plain ffcv write vs betonbuild write and verified
 RESOLUTIONS = (256, 512)
 MODES = ("reencode", "keep")
 DATASET = "imagenet"
+SMOKE_RECORDS = ("smoke.write.json", "smoke.verify.json")
 
 
 def dataset_entry(root, max_resolution: int, mode: str, cores: int) -> dict:
@@ -81,6 +86,7 @@ def case_sides(ctx: Context, root, max_resolution: int, tag: str, modes=MODES, w
             )
         runs, after = stage_recorder(project)
         stages[mode] = runs
+        after = _with_full_write_stage(project / "results" / DATASET, runs, after)
         sides.append(
             Side(
                 f"{tag}_snakemake_{mode}",
@@ -92,6 +98,22 @@ def case_sides(ctx: Context, root, max_resolution: int, tag: str, modes=MODES, w
             )
         )
     return sides, stages
+
+
+def _with_full_write_stage(results, runs: list[dict], after):
+    """``after``, which also records ``write_full_stage``: where the write job first wrote and read
+    back the smoke file (a dataset without partitions), the job's seconds less those two stages'
+    own (``seconds`` of smoke.write.json and smoke.verify.json, the latter including its wait for
+    the Loader batch): the full write, which the full verification is measured against."""
+
+    def hook(record: dict, stdout: str, stderr: str) -> None:
+        after(record, stdout, stderr)
+        run = runs[-1]
+        if "write" in run and "smoke" not in run:
+            smoke = sum(json.loads((results / name).read_text())["seconds"] for name in SMOKE_RECORDS)
+            run["write_full_stage"] = round(run["write"] - smoke, 2)
+
+    return hook
 
 
 def content_check(sides: list[Side]):
@@ -165,8 +187,10 @@ def _ratio_target(cases: dict, tag: str, side: str, text: str, value: float) -> 
 
 def _verify_target(case: dict) -> dict:
     rules = case["snakemake_rule_seconds"]["reencode"]
-    measured = round(rules["verify"] / rules["write"], 3) if rules.get("write") and "verify" in rules else None
-    return target("full verification / write, reencode, 256 (issue 18)", "verify job / write job", "<=", 0.5, measured)
+    write = "write_full_stage" if "write_full_stage" in rules else "write"  # the job less its smoke stage
+    measured = round(rules["verify"] / rules[write], 3) if rules.get(write) and "verify" in rules else None
+    of = "verify job / write job's full write" if write == "write_full_stage" else "verify job / write job"
+    return target("full verification / write, reencode, 256 (issue 18)", of, "<=", 0.5, measured)
 
 
 def notes(cases: dict) -> list[str]:

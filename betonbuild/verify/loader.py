@@ -57,8 +57,8 @@ def start_loader_process(
     ffcv meanwhile, then waits for ``request``. None where the comparisons need ffcv's modules
     anyway (``content_without_ffcv``: the batch then runs on a thread), for a job of one thread
     (a second process would use a core Snakemake did not give it: the parts' verifications run
-    side by side), or where no process can start. Nor where this process imported ffcv already (the
-    smoke job's gate, after its write): the batch then costs no import, only its run.
+    side by side), or where no process can start. Nor where this process imported ffcv already (a
+    gate whose comparisons needed it): the batch then costs no import, only its run.
 
     ``started``: the child a job script started before it imported betonbuild's modules
     (``betonbuild.loader_process``): used where a child is wanted, ended where not."""
@@ -70,28 +70,28 @@ def start_loader_process(
 
 
 def loader_child() -> None:
-    """The child process of ``LoaderProcess``: imports ffcv at once, then reads {path, spec} on stdin
-    and prints {ok, detail} (nothing on stdin: it is not needed, and exits). Its fields' decoders are
-    ffcv's and betonbuild's, none of which calls BLAS: numba's check for one is skipped."""
+    """The child process of ``LoaderProcess``: imports ffcv at once, then answers each {path, spec}
+    line on stdin with an {ok, detail} line, until stdin ends (at once if no file is needed). Its
+    fields' decoders are ffcv's and betonbuild's, none of which calls BLAS: numba's check for one
+    is skipped."""
     skip_blas_check()
     try:
         import_ffcv()
         failure = None
     except Exception as exc:  # noqa: BLE001 - reported as the check's failure below
         failure = f"importing ffcv failed: {type(exc).__name__}: {exc}"
-    data = sys.stdin.read()
-    if not data:
-        os._exit(0)
-    try:
-        if failure:
-            raise RuntimeError(failure)
-        request = json.loads(data)
-        spec = spec_from_dict(request["spec"])
-        ok, detail = check_loader_batch(BetonFile(request["path"], custom_handlers=custom_handlers(spec)), spec)
-    except Exception as exc:  # noqa: BLE001 - as Report.run: a check that crashes is a failed check
-        ok, detail = False, failure or f"{type(exc).__name__}: {exc}"
-    sys.stdout.write("\n" + json.dumps({"ok": bool(ok), "detail": detail}) + "\n")
-    sys.stdout.flush()
+    for line in iter(sys.stdin.buffer.readline, b""):
+        try:
+            if failure:
+                raise RuntimeError(failure)
+            request = json.loads(line)
+            spec = spec_from_dict(request["spec"])
+            beton = BetonFile(request["path"], custom_handlers=custom_handlers(spec))
+            ok, detail = check_loader_batch(beton, spec)
+        except Exception as exc:  # noqa: BLE001 - as Report.run: a check that crashes is a failed check
+            ok, detail = False, failure or f"{type(exc).__name__}: {exc}"
+        sys.stdout.write("\n" + json.dumps({"ok": bool(ok), "detail": detail}) + "\n")
+        sys.stdout.flush()
     os._exit(0)  # skips the interpreter's teardown of torch and numba (~0.1 s): nothing is left to do
 
 

@@ -2,8 +2,8 @@
 
 Snakemake reruns a job when one of its parameters changes, so a rule's ``params: spec=`` is the
 part of the dataset's spec its output depends on, and nothing more: e.g. editing
-``verify.samples`` reruns the full verification alone, not the smoke gate (whose report is an
-input of the full write) and not the write.
+``verify.samples`` reruns the full verification alone, not the write job (whose smoke gate uses
+only the JPEG tolerance of the verify settings).
 """
 
 from __future__ import annotations
@@ -48,11 +48,17 @@ def smoke_verify_spec(spec: DatasetSpec) -> dict[str, Any]:
     """The smoke gate checks all its samples: of the verify settings only the JPEG tolerance applies.
 
     Leaving out the rest keeps a change of e.g. verify.samples from rerunning the gate, and with
-    it (its report is an input of the full write) the full write.
+    it the full write (in the same job for a dataset without partitions).
     """
     params = _spec_parts(spec, "smoke", "verify")
     params["verify"] = {"jpeg_mean_abs_error": params["verify"]["jpeg_mean_abs_error"]}
     return params
+
+
+def gate_and_write_spec(spec: DatasetSpec) -> dict[str, Any]:
+    """The write job of a dataset without partitions, which gates on its smoke file first: what the
+    full file's bytes depend on and what its smoke gate does."""
+    return {**smoke_verify_spec(spec), **write_spec(spec)}
 
 
 def part_verify_spec(spec: DatasetSpec) -> dict[str, Any]:

@@ -816,7 +816,7 @@ def test_keep_going_a_bad_sample_is_named_and_saved(keep_going, name: str):
     field, index, why, stage = KEEP_GOING_BAD[name]
     output = result.stdout + result.stderr
     lines = [line for line in output.splitlines() if line.startswith(f"betonbuild error: dataset '{name}'")]
-    assert lines, f"no error line for {name}; its log:\n" + _log_tail(workdir, stage, name)
+    assert lines, f"no error line for {name}; its log:\n" + _log_tail(workdir, "write", name)  # smoke too
     assert_names(lines[0], name, field, index)
     assert why in lines[0], lines[0]
     assert beton_leftovers(workdir, name) == []
@@ -829,7 +829,7 @@ def test_keep_going_a_source_returning_random_values_is_stopped_by_the_smoke_sta
     workdir, result, seconds = keep_going
     output = result.stdout + result.stderr
     lines = [line for line in output.splitlines() if line.startswith("betonbuild error: dataset 'bad_random'")]
-    assert lines, "no error line for bad_random; its log:\n" + _log_tail(workdir, "smoke", "bad_random")
+    assert lines, "no error line for bad_random; its log:\n" + _log_tail(workdir, "write", "bad_random")
     assert lines[0].startswith(
         "betonbuild error: dataset 'bad_random', field 'arr', sample index 0: the source returns different "
         "values for the same index (two reads of it differ). Fix: seed it or make it deterministic"

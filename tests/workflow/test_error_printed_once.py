@@ -75,7 +75,8 @@ def run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 
 @pytest.mark.parametrize(
     "message, log",
-    [(SMOKE_MESSAGE, "logs/smoke/bad_smoke.log"), (FULL_MESSAGE, "logs/write/bad_full.log")],
+    # the smoke stage is the first of a write job
+    [(SMOKE_MESSAGE, "logs/write/bad_smoke.log"), (FULL_MESSAGE, "logs/write/bad_full.log")],
     ids=["smoke", "full_write_in_a_worker"],
 )
 def test_the_error_is_printed_once_and_names_its_log(run, message: str, log: str):

@@ -17,8 +17,8 @@ from PIL import Image
 
 from betonbuild.workflow.status import plan
 
-# `smoke` writes the smoke file and runs its gate (smoke.verify.json) in one job
-ALL_STAGES = {"source_manifest", "smoke", "write", "verify"}  # verify also makes the report's assets
+# `write` writes the smoke file, runs its gate (smoke.verify.json), then writes the full file: one job
+ALL_STAGES = {"source_manifest", "write", "verify"}  # verify also makes the report's assets
 FOLDER_STAGES = ALL_STAGES | {"file_list"}  # an image folder is read through its file list
 
 ADAPTER = """
@@ -130,20 +130,18 @@ def test_nothing_changed_runs_nothing(project):
 
 
 def test_changed_source_content_rebuilds_only_that_dataset(project):
-    """Row 7 is not a smoke sample (those are rows 0-3 and 4 seeded-random others): the smoke file
-    and its gate stay; row 0 is one, and they rerun too."""
+    """Row 7 is not a smoke sample (those are rows 0-3 and 4 seeded-random others), row 0 is one:
+    either way the write job reruns, its smoke gate first (one job); the other datasets stay."""
     from betonbuild.config.spec import smoke_positions
 
     assert 7 not in smoke_positions(120, 4, 0) and 0 in smoke_positions(120, 4, 0)
-    smoke_before = (project / "results/digits/smoke.beton").stat().st_mtime_ns
-    data = dict(np.load(project / "digits.npz"))
-    data["images"][7, 0, 0] += 1
-    np.savez(project / "digits.npz", **data)
-    assert ran(run_snakemake(project, "all")) == {"digits": ALL_STAGES - {"smoke"}}
-    assert (project / "results/digits/smoke.beton").stat().st_mtime_ns == smoke_before
-    data["images"][0, 0, 0] += 1
-    np.savez(project / "digits.npz", **data)
-    assert ran(run_snakemake(project, "all")) == {"digits": ALL_STAGES}
+    for row in (7, 0):
+        smoke_before = (project / "results/digits/smoke.verify.json").stat().st_mtime_ns
+        data = dict(np.load(project / "digits.npz"))
+        data["images"][row, 0, 0] += 1
+        np.savez(project / "digits.npz", **data)
+        assert ran(run_snakemake(project, "all")) == {"digits": ALL_STAGES}
+        assert (project / "results/digits/smoke.verify.json").stat().st_mtime_ns != smoke_before
 
 
 def test_an_added_and_a_removed_image_rebuild_only_the_image_dataset(project):
@@ -269,7 +267,7 @@ def test_a_file_from_another_ffcv_build_fails_verification_with_how_to_rebuild(p
         "results/digits/smoke.verify.json",
         "results/digits/digits.verify.json",
     )
-    assert ran(rerun) == {"digits": {"smoke", "write", "verify"}}
+    assert ran(rerun) == {"digits": {"write", "verify"}}
     for stage in ("smoke", "digits"):
         assert json.loads((project / f"results/digits/{stage}.verify.json").read_text())["ok"] is True
     run_snakemake(project, "all")  # the report assets

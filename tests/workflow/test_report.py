@@ -131,7 +131,7 @@ def test_summary_page_lists_fields_checks_provenance_and_timings(reported):
     # the timings table: every earlier stage's benchmark file, then the verify job's own row,
     # measured by that job (it makes this page; its benchmark file comes after it)
     stages = [cells.split("</td>")[0] for cells in page.split("<h3>Build timings</h3>")[1].split("<tr><td>")[1:]]
-    assert stages == ["file_list", "source_manifest", "smoke", "write", "verify (this job, up to this page)"]
+    assert stages == ["file_list", "source_manifest", "write", "verify (this job, up to this page)"]
 
 
 def test_snakemake_report_holds_every_dataset(reported):

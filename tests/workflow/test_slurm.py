@@ -21,7 +21,7 @@ from conftest import PROFILES, make_digits_npz, run_betonbuild, run_snakemake, w
 from slurm_cluster import SlurmCluster, unavailable_reason
 
 STATUS = PROFILES["cluster-generic"] / "status.py"
-STAGES = ("source_manifest", "smoke", "write", "verify")  # smoke: the smoke write and its gate
+STAGES = ("source_manifest", "write", "verify")  # write: the smoke write and its gate, then the full write
 # Status polling fast enough for a test; the profiles keep the plugins' defaults for real clusters.
 FAST_POLLING = ("--seconds-between-status-checks", "1")
 

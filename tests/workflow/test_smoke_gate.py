@@ -37,8 +37,9 @@ def test_a_failing_gate_stops_the_build_before_the_full_write_and_a_fix_reruns_i
     output = failed.stdout + failed.stderr
     assert failed.returncode != 0, output[-3000:]
     results = tmp_path / "results" / "photos"
-    assert "smoke" in jobs(failed) and "write" not in jobs(failed), jobs(failed)
-    assert not (tmp_path / "logs" / "write").exists(), "the full write must not start"
+    assert "write" in jobs(failed), jobs(failed)  # its smoke stage comes first, then the full write
+    log = (tmp_path / "logs" / "write" / "photos.log").read_text()
+    assert "photos (smoke): 4/4 samples" in log and "photos (full)" not in log, "the full write must not start"
     assert not (results / "photos.beton").exists() and not (results / "smoke.verify.json").exists()
     # Snakemake removes the failed job's outputs: no smoke file stands as if it had passed
     assert not (results / "smoke.beton").exists() and not (results / "smoke.write.json").exists()
@@ -47,9 +48,9 @@ def test_a_failing_gate_stops_the_build_before_the_full_write_and_a_fix_reruns_i
     assert "betonbuild error: dataset 'photos': verification of" in output
     assert "failed/smoke.verify.json" in output
 
-    write_config(tmp_path, photos(8.0))  # the tolerance is a parameter of the smoke job: it reruns
+    write_config(tmp_path, photos(8.0))  # the tolerance is a parameter of the write job (its gate): it reruns
     fixed = run_snakemake(tmp_path, "all")
-    assert {"smoke", "write", "verify"} <= jobs(fixed), jobs(fixed)
+    assert {"write", "verify"} <= jobs(fixed), jobs(fixed)
     gate = json.loads((results / "smoke.verify.json").read_text())
     assert gate["ok"] is True and gate["stage"] == "smoke" and gate["num_samples"]["found"] == 4
     assert {c["name"] for c in gate["checks"]} >= {"loader_batch", "same_ffcv_build"}

@@ -102,8 +102,12 @@ def earlier_stage_benchmarks(wildcards):
     """The benchmark files of the dataset's stages before its verification: the report's timings
     table (the verification's own row is measured by its job)."""
     partitioned = wildcards.ds in PARTITIONED
-    stages = ["source_manifest", "smoke"]
-    stages += ["merge"] if partitioned else ["write"]
+    # a dataset without partitions gates on its smoke file in its write job
+    stages = (
+        ["source_manifest", "smoke", "merge"]
+        if partitioned
+        else ["source_manifest", "write"]
+    )
     if needs_shard_list(DATASETS[wildcards.ds]):
         stages.insert(0, "shard_list")
     if needs_file_list(DATASETS[wildcards.ds]):
@@ -229,8 +233,12 @@ def smoke_verify_spec(wildcards):
     return rerun.smoke_verify_spec(DATASETS[wildcards.ds])
 
 
+def gate_and_write_spec(wildcards):
+    return rerun.gate_and_write_spec(DATASETS[wildcards.ds])
+
+
 def smoke_gate_mem_mb(wildcards, input, attempt):
-    """The smoke job writes, then verifies, in one process: the larger of the two."""
+    """The smoke stage writes, then verifies, in one process: the larger of the two."""
     return max(
         smoke_mem_mb(wildcards, input, attempt),
         verify_smoke_mem_mb(wildcards, input, attempt),
@@ -240,6 +248,20 @@ def smoke_gate_mem_mb(wildcards, input, attempt):
 def smoke_gate_runtime(wildcards, input, attempt):
     return smoke_runtime(wildcards, input, attempt) + verify_smoke_runtime(
         wildcards, input, attempt
+    )
+
+
+def gate_and_write_mem_mb(wildcards, input, threads, attempt):
+    """The write job of a dataset without partitions: its smoke gate, then the full write."""
+    return max(
+        smoke_gate_mem_mb(wildcards, input, attempt),
+        write_mem_mb(wildcards, input, threads, attempt),
+    )
+
+
+def gate_and_write_runtime(wildcards, input, threads, attempt):
+    return smoke_gate_runtime(wildcards, input, attempt) + write_runtime(
+        wildcards, input, threads, attempt
     )
 
 

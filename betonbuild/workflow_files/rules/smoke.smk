@@ -1,9 +1,10 @@
 rule smoke:
-    """The first k and k seeded-random samples, one worker, then read back in full: the gate.
+    """The gate of a partitioned dataset: the first k and k seeded-random samples, one worker, then
+    read back in full. (A dataset without partitions gates in its write job: rule write.)
 
-    The full build starts only when the smoke file reads back equal to its source. Writing it
-    and verifying it are one job (one start-up): smoke.verify.json is written only when every
-    check passed. Two threads: the file is written by one worker, while the gate's Loader batch
+    The parts are written beside it (docs/configuration.md#partitions): each is verified in full.
+    Writing it and verifying it are one job (one start-up): smoke.verify.json is written only when
+    every check passed. Two threads: the file is written by one worker, while the gate's Loader batch
     imports ffcv (torch, 2-3 s) in a process of its own on the second.
     Reruns when those samples (or the largest ones its pre-flight inspects) change: through
     smoke.json, not the manifest's date, so an edit elsewhere in the source leaves it alone.
@@ -20,6 +21,8 @@ rule smoke:
         log_path("smoke"),
     benchmark:
         benchmark_path("smoke")
+    wildcard_constraints:
+        ds=names_pattern(PARTITIONED),
     conda:
         "../envs/ffcv.yaml"
     threads: 2

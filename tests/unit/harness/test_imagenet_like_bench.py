@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,16 @@ def test_run_assembles_the_cases_into_the_issues_targets(monkeypatch, tmp_path: 
     assert len(report.table({"benchmarks": {"imagenet_like": entry}})) > 2
     text = "\n".join(report.details(entry))
     assert "verify job / write job" in text and "r512_snakemake_keep" in text
+
+
+def test_the_verification_is_measured_against_the_write_jobs_full_write(tmp_path: Path):
+    """The write job also writes and reads back the smoke file: those two stages' own seconds come off."""
+    (tmp_path / "smoke.write.json").write_text(json.dumps({"seconds": 0.25}))
+    (tmp_path / "smoke.verify.json").write_text(json.dumps({"seconds": 1.75}))
+    runs = []
+    job = {"write": 6.0, "verify": 1.0}
+    hook = b10_imagenet_like._with_full_write_stage(tmp_path, runs, lambda *_: runs.append(dict(job)))
+    hook({}, "", "")
+    assert runs == [{"write": 6.0, "verify": 1.0, "write_full_stage": 4.0}]
+    found = b10_imagenet_like._verify_target({"snakemake_rule_seconds": {"reencode": runs[0]}})
+    assert (found["of"], found["measured"], found["met"]) == ("verify job / write job's full write", 0.25, True)

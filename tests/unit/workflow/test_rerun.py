@@ -22,6 +22,7 @@ PARAMS = {
     "smoke_spec": rerun.smoke_spec,
     "verify_spec": rerun.verify_spec,
     "smoke_verify_spec": rerun.smoke_verify_spec,
+    "gate_and_write_spec": rerun.gate_and_write_spec,
     "part_verify_spec": rerun.part_verify_spec,
 }
 
@@ -50,6 +51,7 @@ def test_the_keys_each_rule_holds_in_order():
     assert list(rerun.smoke_spec(spec)) == CONTENT + ["smoke"]
     assert list(rerun.verify_spec(spec)) == CONTENT + ["verify"]
     assert list(rerun.smoke_verify_spec(spec)) == CONTENT + ["smoke", "verify"]
+    assert list(rerun.gate_and_write_spec(spec)) == CONTENT + ["smoke", "verify"]
     assert list(rerun.part_verify_spec(spec)) == CONTENT + ["verify"]
 
 
@@ -62,6 +64,7 @@ def test_the_values_are_those_of_the_whole_spec():
                 assert value == full[key]
     assert rerun.verify_spec(spec)["verify"] == full["verify"]
     assert rerun.smoke_verify_spec(spec)["verify"] == {"jpeg_mean_abs_error": full["verify"]["jpeg_mean_abs_error"]}
+    assert rerun.gate_and_write_spec(spec)["verify"] == rerun.smoke_verify_spec(spec)["verify"]
     assert rerun.part_verify_spec(spec)["verify"] == {
         "jpeg_mean_abs_error": full["verify"]["jpeg_mean_abs_error"],
         "loader_batch": full["verify"]["loader_batch"],
@@ -81,8 +84,11 @@ def test_the_params_do_not_share_the_specs_dicts():
         ({"verify__mode": "full"}, {"verify_spec"}),
         ({"verify__full_max_samples": 10}, {"verify_spec"}),
         ({"verify__loader_batch": 4}, {"verify_spec", "part_verify_spec"}),
-        ({"verify__jpeg_mean_abs_error": 1.5}, {"verify_spec", "smoke_verify_spec", "part_verify_spec"}),
-        ({"smoke__samples": 4}, {"manifest_spec", "smoke_spec", "smoke_verify_spec"}),
+        (
+            {"verify__jpeg_mean_abs_error": 1.5},
+            {"verify_spec", "smoke_verify_spec", "gate_and_write_spec", "part_verify_spec"},
+        ),
+        ({"smoke__samples": 4}, {"manifest_spec", "smoke_spec", "smoke_verify_spec", "gate_and_write_spec"}),
         ({"partitions": 3}, {"manifest_spec"}),
         ({"samples_per_partition": 10}, {"manifest_spec"}),
         ({"keep_parts": False}, set()),  # temp() or not: the parts' content is the same

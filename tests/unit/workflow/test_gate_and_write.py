@@ -1,0 +1,83 @@
+"""The write job of a dataset without partitions (``stages.gate_and_write``): its smoke file and
+gate, then, only if the gate passed, the full file, with one Loader child (one ffcv import) for
+the gate's batch and the full file's."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from betonbuild.config.load import load_config
+from betonbuild.errors import VerificationError
+from betonbuild.loader_process import LoaderProcess
+from betonbuild.workflow.stages import gate_and_write, make_source_manifest
+from tests.conftest import make_photo_folder
+
+
+def photos_spec(root: Path, tolerance: float):
+    entry = {
+        "source": {"kind": "image_folder", "root": str(root)},
+        "fields": {"image": {"type": "rgb_image", "write_mode": "jpg", "max_resolution": 48}, "label": {"type": "int"}},
+        "smoke": {"samples": 2},  # 4 of the 12 photos: the full file is written, not copied
+        "verify": {"mode": "full", "jpeg_mean_abs_error": tolerance},
+    }
+    return load_config({"datasets": {"photos": entry}}).datasets["photos"]
+
+
+@pytest.fixture
+def children(monkeypatch) -> list[LoaderProcess]:
+    """Every Loader child started, as the job's first process (no ffcv in it yet)."""
+    monkeypatch.delitem(sys.modules, "ffcv.loader", raising=False)
+    started, real_start = [], LoaderProcess.start.__func__
+
+    def counted(cls):
+        started.append(real_start(cls))
+        return started[-1]
+
+    monkeypatch.setattr(LoaderProcess, "start", classmethod(counted))
+    return started
+
+
+def run(tmp_path: Path, tolerance: float):
+    spec = photos_spec(make_photo_folder(tmp_path / "photos", per_class=6), tolerance)
+    out = tmp_path / "results"
+    out.mkdir()
+    smoke = {
+        "beton_path": str(out / "smoke.beton"),
+        "record_path": str(out / "smoke.write.json"),
+        "survey_path": str(out / "inspect.json"),
+        "report_path": str(out / "smoke.verify.json"),
+        "failed_report_path": str(out / "failed" / "smoke.verify.json"),
+    }
+    with open(os.devnull, "w") as quiet:
+        make_source_manifest(spec, str(out / "source.json"), plan_parts=False, log=quiet)
+        record = gate_and_write(
+            spec, str(out / "source.json"), smoke, str(out / "photos.beton"), str(out / "photos.write.json"), 2, quiet
+        )
+    return out, record
+
+
+def test_the_gate_and_the_full_file_are_read_by_one_loader_child(tmp_path: Path, children):
+    out, record = run(tmp_path, tolerance=8.0)
+    gate = json.loads((out / "smoke.verify.json").read_text())
+    assert gate["ok"] and gate["num_samples"]["found"] == 4
+    assert next(c for c in gate["checks"] if c["name"] == "loader_batch")["ok"]
+    assert record["num_samples"] == 12 and "copied_from" not in record
+    assert record["loader_batch"]["ok"], record["loader_batch"]
+    (child,) = children  # one process, one import of ffcv and torch
+    assert child.served == 2 and child.process.returncode == 0  # both batches, then it exited by itself
+
+
+def test_a_failing_gate_stops_the_job_before_the_full_write_and_ends_the_child(tmp_path: Path, children):
+    with pytest.raises(VerificationError, match="smoke.beton"):
+        run(tmp_path, tolerance=0.0)  # every re-encoded JPEG differs from its source a little
+    out = tmp_path / "results"
+    assert not (out / "smoke.verify.json").exists() and json.loads((out / "failed/smoke.verify.json").read_text())
+    assert not (out / "photos.beton").exists() and not (out / "photos.write.json").exists()
+    assert not [p for p in out.iterdir() if p.name.startswith("photos.beton")]  # no temporary full file
+    (child,) = children
+    assert child.served == 1 and child.process.returncode is not None
