@@ -107,12 +107,12 @@ class PageAllocator:
         """Writes this worker's page at its offset in the file, and starts its writeback."""
         if self.my_page < 0:
             return
-        at = self.offset + self.my_page * self.page_size
+        start = at = self.offset + self.my_page * self.page_size
         view = memoryview(self.page_data).cast("B")
         while view.nbytes:  # all of it: a write may write less than it is given
             written = os.pwrite(self.fd, view, at)
             view, at = view[written:], at + written
-        start_writeback(self.fd, at - self.page_size, self.page_size)
+        start_writeback(self.fd, start, self.page_size)
 
 
 def encode_sample(values: tuple, dest_ix: int, columns: list[np.ndarray], allocator: PageAllocator, fields) -> None:
