@@ -8,8 +8,8 @@ from betonbuild.loader_process import LoaderProcess
 # while this process imports betonbuild's modules (the job waits for that import, not for those).
 started_loader = LoaderProcess.start() if snakemake.threads > 1 else None
 
+from betonbuild.workflow.gate import smoke_and_gate  # noqa: E402
 from betonbuild.workflow.rulescript import dataset_spec, run  # noqa: E402
-from betonbuild.workflow.stages import smoke_and_gate  # noqa: E402
 
 run(
     snakemake,

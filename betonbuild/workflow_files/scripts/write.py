@@ -10,8 +10,9 @@ from betonbuild.loader_process import LoaderProcess
 full = snakemake.params.stage == "full" and snakemake.threads > 1
 started_loader = LoaderProcess.start() if full else None
 
+from betonbuild.workflow.gate import gate_and_write  # noqa: E402
 from betonbuild.workflow.rulescript import dataset_spec, run, stage_args  # noqa: E402
-from betonbuild.workflow.stages import build, gate_and_write  # noqa: E402
+from betonbuild.workflow.stages import build  # noqa: E402
 
 
 def write():

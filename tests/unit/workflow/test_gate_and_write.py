@@ -1,4 +1,4 @@
-"""The write job of a dataset without partitions (``stages.gate_and_write``): its smoke file and
+"""The write job of a dataset without partitions (``workflow.gate.gate_and_write``): its smoke file and
 gate, then, only if the gate passed, the full file, with one Loader child (one ffcv import) for
 the gate's batch and the full file's."""
 
@@ -14,7 +14,8 @@ import pytest
 from betonbuild.config.load import load_config
 from betonbuild.errors import VerificationError
 from betonbuild.loader_process import LoaderProcess
-from betonbuild.workflow.stages import gate_and_write, make_source_manifest
+from betonbuild.workflow.gate import gate_and_write
+from betonbuild.workflow.stages import make_source_manifest
 from tests.conftest import make_photo_folder
 
 
