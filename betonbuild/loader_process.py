@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,19 +26,32 @@ if TYPE_CHECKING:
 class LoaderProcess:
     """``check_loader_batch`` in a child process of the same Python, with this one's ``sys.path``
     and working directory. ``request`` sends it a file (once the structural checks allow ffcv's
-    Loader to read it), ``result`` waits for its (ok, detail), ``close`` ends it. A crash of ffcv's
-    Loader (it reads pointers unchecked) fails the check, not the whole report.
+    Loader to read it) and returns a ``LoaderAnswer``, whose ``result`` waits for its (ok, detail);
+    ``close`` ends it. A crash of ffcv's Loader (it reads pointers unchecked) fails the check, not
+    the whole report.
 
-    One child can run several batches, one request at a time (one JSON line each way): a write job
-    that gates on its smoke file and then writes the full one imports ffcv once for both batches.
+    One child can run several batches, in the order they were asked (one JSON line each way): a
+    write job that gates on its smoke file and then writes the full one imports ffcv once for both
+    batches, and may ask for the second before it read the first answer (the gate's answer is
+    awaited on a thread during the full write). Answers are read under a lock, from any thread.
     Under ``kept_open`` its users' ``close`` leaves it waiting for the next request."""
 
     def __init__(self, process: subprocess.Popen, stderr):
         self.process, self.stderr = process, stderr
-        self.answer: tuple[bool, str] | None = None
-        self.pending = False  # a request sent, its answer not read yet
-        self.served = 0  # answers read
+        self.sent = 0  # requests written
+        self.answers: list[tuple[bool, str]] = []  # read so far, in the order they were asked
+        self.reading = threading.Lock()
         self.kept = False
+        self.killed = False  # by close(), mid-batch
+
+    @property
+    def pending(self) -> bool:
+        """A request sent whose answer was not read yet: the child is busy."""
+        return self.sent > len(self.answers)
+
+    @property
+    def served(self) -> int:
+        return len(self.answers)
 
     @classmethod
     def start(cls) -> LoaderProcess | None:
@@ -55,21 +70,21 @@ class LoaderProcess:
             return None
         return cls(process, stderr)
 
-    def request(self, path: str, spec: DatasetSpec) -> LoaderProcess:
-        self.answer, self.pending = None, True
+    def request(self, path: str, spec: DatasetSpec) -> LoaderAnswer:
+        number, self.sent = self.sent, self.sent + 1
         try:
             self.process.stdin.write(json.dumps({"path": path, "spec": spec.to_dict()}).encode() + b"\n")
             self.process.stdin.flush()
         except (BrokenPipeError, ValueError):
-            pass  # it ended already: result() reports how
-        return self
+            pass  # it ended already: its answer says how
+        return LoaderAnswer(self, number)
 
-    def result(self) -> tuple[bool, str]:
-        if self.answer is None:
-            self.answer = self._read_answer()
-            self.pending = False
-            self.served += 1
-        return self.answer
+    def answer(self, number: int) -> tuple[bool, str]:
+        """The answer to request ``number``, reading (and keeping) the answers before it."""
+        with self.reading:
+            while len(self.answers) <= number:
+                self.answers.append(self._read_answer())
+        return self.answers[number]
 
     def _read_answer(self) -> tuple[bool, str]:
         """The next answer line; other lines on stdout (ffcv's or numba's prints) are passed over."""
@@ -80,6 +95,8 @@ class LoaderProcess:
             except (ValueError, KeyError, TypeError):
                 continue
         self.process.wait()
+        if self.process.returncode == -signal.SIGKILL and self.killed:
+            return False, "ffcv.Loader's process was ended before it answered"
         self.stderr.seek(0)
         errors = self.stderr.read().decode(errors="replace").strip()
         tail = errors.splitlines()[-1] if errors else "no error output"
@@ -87,8 +104,8 @@ class LoaderProcess:
 
     @contextlib.contextmanager
     def kept_open(self):
-        """Within: ``close`` leaves the child running for the next request, unless a batch is under
-        way (its answer never read: the child is busy, so it is ended). At the exit it is ended."""
+        """Within: its users' ``close`` leaves the child running for the next request (one asked
+        meanwhile waits its turn). At the exit it is ended: killed if an answer is still unread."""
         self.kept = True
         try:
             yield self
@@ -97,19 +114,31 @@ class LoaderProcess:
             self.close()
 
     def close(self) -> None:
-        """Ends the child: at once if it was never asked or is mid-batch (its answer unread), else by
-        closing its stdin (it then exits). Kept open (``kept_open``), an idle child is left running."""
-        running = self.process.poll() is None
-        if self.kept and running and not self.pending:
+        """Ends the child: at once if it was never asked or is mid-batch (an answer unread), else by
+        closing its stdin (it then exits). Kept open (``kept_open``), it is left running. An answer
+        still awaited (on another thread too) then says the process ended before it answered."""
+        if self.kept:
             return
+        running = self.process.poll() is None
         if running and (self.pending or not self.served):
+            self.killed = True
             self.process.kill()
-        if self.pending:
-            self.answer, self.pending = (False, "ffcv.Loader's process was ended before it answered"), False
         with contextlib.suppress(OSError, ValueError):
             if self.process.stdin is not None:
                 self.process.stdin.close()  # an idle child reads EOF and exits
         self.process.wait()
+        if self.sent:
+            self.answer(self.sent - 1)  # every answer read: the killed child's say it ended first
         for stream in (self.process.stdin, self.process.stdout, self.stderr):
             if stream is not None:
                 stream.close()
+
+
+class LoaderAnswer:
+    """The answer to one ``LoaderProcess.request``: ``result`` waits for it."""
+
+    def __init__(self, child: LoaderProcess, number: int):
+        self.child, self.number = child, number
+
+    def result(self) -> tuple[bool, str]:
+        return self.child.answer(self.number)

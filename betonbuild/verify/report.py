@@ -86,6 +86,7 @@ def verify_beton(
     skip_limit: int | None = None,
     measured: dict[str, Any] | None = None,
     written_loader_batch: dict[str, Any] | None = None,
+    compared: Callable[[bool], None] | None = None,
 ) -> dict[str, Any]:
     """``indices[i]`` is the source index that sample i of ``path`` must hold, but for the positions
     ``skipped`` lists (the write record's skipped samples): the file holds the others, in order.
@@ -101,6 +102,8 @@ def verify_beton(
     ``written_loader_batch``: the passed ``loader_batch`` the write job ran ({ok, detail, sha256},
     ``workflow.write_evidence``): ffcv is then not imported here at all, and the check passes if
     this file's SHA-256 is the one the write job read.
+    ``compared``: called with whether every check so far passed, before the Loader batch's answer
+    is awaited (the smoke gate then starts the full write: ``workflow.gate``).
     """
     started = time.monotonic()
     threads = max(1, int(threads or 1))
@@ -148,6 +151,7 @@ def verify_beton(
                 loader,
                 measured,
                 written_loader_batch and _Answered(written_loader_batch, file_hash),
+                compared,
             )
         finally:
             result["file"]["sha256"] = file_hash.result()
@@ -172,6 +176,7 @@ def _verify_file(
     child: LoaderProcess | None,
     measured: dict[str, Any] | None,
     written_batch: _Answered | None,
+    compared: Callable[[bool], None] | None,
 ) -> None:
     version = check_format_version(path)
     if version is not None and not report.check("format_version", *version):
@@ -229,6 +234,8 @@ def _verify_file(
         report.check("content_digest", False, f"computing the content digest failed: {type(exc).__name__}: {exc}")
     if parts:
         report.run("parts", lambda: _parts_result(parts, part_leaves, beton.num_samples))
+    if compared is not None:
+        compared(report.ok)
     if loader is None:
         report.check(
             "loader_batch",

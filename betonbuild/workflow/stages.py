@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,10 +169,12 @@ def build(
     log=sys.stderr,
     evidence: bool = True,
     started_loader: LoaderProcess | None = None,
+    watch: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Writes the smoke or full .beton, or one part of a partitioned one, and a record of the write
     (its rows and the ffcv build). ``started_loader``: the Loader batch's child, if the job script
-    started it first thing (``betonbuild.loader_process``).
+    started it first thing (``betonbuild.loader_process``). ``watch``: ``write_beton``'s, called
+    during the write (the smoke gate's Loader batch, still running: ``workflow.gate``).
 
     ``evidence``: the record also holds what its verification reuses (``workflow.write_evidence``):
     the measured images and, but for the smoke file, the Loader batch. ``betonbuild write`` passes
@@ -193,13 +196,16 @@ def build(
         return onepass.write_stream(spec, manifest_path, beton_path, record_path, threads, log)
     try:
         paths = (manifest_path, beton_path, record_path, survey_path)
-        return _write(spec, *paths, threads=threads, smoke=smoke, part=part, log=log, evidence=evidence, loader=loader)
+        options = {"threads": threads, "smoke": smoke, "part": part, "log": log, "evidence": evidence, "watch": watch}
+        return _write(spec, *paths, **options, loader=loader)
     finally:
         if loader is not None:
             loader.close()
 
 
-def _write(spec, manifest_path, beton_path, record_path, survey_path, *, threads, smoke, part, log, evidence, loader):
+def _write(
+    spec, manifest_path, beton_path, record_path, survey_path, *, threads, smoke, part, log, evidence, watch, loader
+):
     """``build`` of an indexed source; ``loader``: the child that runs the full file's Loader batch, or None."""
     started = time.time()
     dataset_dir = Path(manifest_path).parent
@@ -242,6 +248,7 @@ def _write(spec, manifest_path, beton_path, record_path, survey_path, *, threads
             work_items=source.work_items(rows),  # shards: each opened and read once, by one worker
             skip=skip,
             measure_images=evidence,
+            watch=watch,
         )
     except SourceNotDeterministic:
         raise  # every read passes the contract: there is no failing sample to save and replay
@@ -360,6 +367,7 @@ def verify_dataset(
     part: int | None = None,
     part_reports: list[str] | None = None,
     loader: LoaderProcess | None = None,
+    compared: Callable[[bool], None] | None = None,
 ) -> dict[str, Any]:
     """Writes the verification report at ``report_path`` if every check passes.
 
@@ -368,7 +376,7 @@ def verify_dataset(
     A part (``part``) is verified in full; a merged file, given its parts' reports, is proven to hold
     exactly their content, so that a rebuild of one part re-decodes that part alone. ``loader``: a
     ``verify.start_loader_process(spec)`` the caller started earlier (else it starts here); it
-    imports ffcv in its own process meanwhile, for the Loader batch.
+    imports ffcv in its own process meanwhile, for the Loader batch. ``compared``: ``verify_beton``'s.
     """
     if not smoke and part is None and (reused := _gate_report(spec, manifest_path, beton_path, record_path)):
         if loader is not None:
@@ -407,6 +415,7 @@ def verify_dataset(
             loader=loader,
             measured=write_evidence.measured_for(spec, record, manifest, part),
             written_loader_batch=written_batch,
+            compared=compared,
             **_skipped_rows(record),
         )
     finally:

@@ -249,6 +249,7 @@ class BetonWriter:
         progress,
         describe_failure,
         skip_policy=None,
+        watch=None,
     ):
         if page_size & (page_size - 1) or not MIN_PAGE_SIZE <= page_size < MAX_PAGE_SIZE:
             raise ValueError(f"page_size must be a power of 2 in [{MIN_PAGE_SIZE}, {MAX_PAGE_SIZE}), not {page_size}")
@@ -261,6 +262,7 @@ class BetonWriter:
         self.skip_queue: Queue | None = None
         self.metadata_sm = None
         self.error_queue: Queue = Queue()
+        self.watch = watch or (lambda: None)  # called by the parent loop: an exception raised there ends the write
 
     def prepare(self) -> None:
         """The header and field descriptors written, the metadata table's shared memory created
@@ -312,6 +314,7 @@ class BetonWriter:
         while True:
             self._raise_worker_failure()
             self._collect_skips()
+            self.watch()
             done = done_number.value
             self.progress.update(done)
             if done == self.num_samples:
@@ -328,6 +331,7 @@ class BetonWriter:
         while any(p.exitcode is None for p in self.processes):
             self._raise_worker_failure()
             self._collect_skips()
+            self.watch()
             time.sleep(0.01)
         self._raise_worker_failure()
         self._collect_skips(wait=0.01)

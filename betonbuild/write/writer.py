@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -266,6 +267,7 @@ def write_beton(
     work_items: list[list[tuple[int, int]]] | None = None,
     skip: SkipLimit | None = None,
     measure_images: bool = True,
+    watch: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Writes ``source[order[i]]`` as sample i of ``target``; returns a record of the write.
 
@@ -277,7 +279,8 @@ def write_beton(
     ``skip``: leave bad samples out, up to its limit (``TooManyBadSamples`` beyond, nothing written);
     the record then says which (``"skipped"``, positions among ``order``) and ``num_samples`` is
     what the file holds. ``measure_images``: re-encoded images are measured as they are written
-    (``write.image_measure``; the record's ``"measured_images"``).
+    (``write.image_measure``; the record's ``"measured_images"``). ``watch``: called about every 50 ms
+    while the workers write; what it raises ends the write, and no file is left at ``target``.
     """
     log = log or sys.stderr
     plan = WorkPlan.even(order, spec.writer.chunksize) if work_items is None else WorkPlan.groups(work_items)
@@ -301,6 +304,7 @@ def write_beton(
             progress=progress,
             describe_failure=describe_failure,
             skip_policy=SkipBadSamples(skip) if skip is not None else None,
+            watch=watch,
         )
         try:
             writer.write(dataset, plan)

@@ -3,7 +3,9 @@ rule write:
 
     The smoke stage (the first k and k seeded-random samples, one worker, then read back in full;
     smoke.verify.json is written only when every check passed) runs first, and the full file is
-    written only after it passed: a bad sample stops the build before the full write. One job, so
+    written only after every check but the gate's Loader batch passed: a bad sample stops the build
+    before the full write. That batch's answer (its child is still importing ffcv) is awaited during
+    the full write, which its failure ends, leaving no file (workflow/gate.py). One job, so
     that the gate's Loader batch and the full file's share one import of ffcv (torch, 2-3 s of a
     core, in a child process beside the writes) and the full write costs no second start-up; its
     threads are the full write's ffcv workers. (A partitioned dataset's gate is rule smoke.)

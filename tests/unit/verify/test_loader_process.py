@@ -66,13 +66,29 @@ def test_kept_open_its_users_close_leaves_it_for_the_next_batch_and_the_exit_end
     assert child.process.returncode == 0
 
 
-def test_kept_open_a_child_mid_batch_is_ended_by_close(arrays_spec):
-    """Its answer never read, the child is busy: it cannot serve another request, so close ends it."""
+def test_a_request_asked_before_the_last_answer_was_read_waits_its_turn(arrays_spec):
+    """The write job asks for the full file's batch while its gate's answer is still awaited on a
+    thread: answers come in the order asked, whichever is read first."""
+    small, whole = written(arrays_spec, "small.beton", np.arange(8)), written(arrays_spec, "d.beton", np.arange(40))
+    child = start_loader_process(arrays_spec)
+    with child.kept_open():
+        first, second = child.request(small, arrays_spec), child.request(whole, arrays_spec)
+        assert child.pending
+        assert "read 16 samples" in second.result()[1]
+        assert "read 8 samples" in first.result()[1] and child.served == 2 and not child.pending
+        child.close()  # what verify_beton and build do with the loader they were given
+        assert child.process.poll() is None
+    assert child.process.returncode == 0
+
+
+def test_at_the_exit_of_kept_open_a_child_mid_batch_is_ended(arrays_spec):
+    """Its answer never read, the child is busy: the exit kills it, and the answer says so."""
     good = written(arrays_spec, "d.beton", np.arange(40))
     child = start_loader_process(arrays_spec)
     with child.kept_open():
-        child.request(good, arrays_spec)
+        answer = child.request(good, arrays_spec)
         child.close()
-        assert child.process.returncode is not None
-        ok, detail = child.result()
-        assert not ok and "ended" in detail
+        assert child.process.poll() is None
+    assert child.process.returncode is not None
+    ok, detail = answer.result()
+    assert not ok and "ended before it answered" in detail, detail

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,10 +45,32 @@ def children(monkeypatch) -> list[LoaderProcess]:
     return started
 
 
-def run(tmp_path: Path, tolerance: float):
+# A stand-in for the Loader child: it answers the gate's request only once the full file's write has
+# begun (its temporary file, or the file, is in the results folder), with the given verdict.
+LATE_CHILD = """
+import glob, json, sys, time
+results, ok = sys.argv[1], sys.argv[2] == "ok"
+for number, line in enumerate(iter(sys.stdin.readline, "")):
+    seen, deadline = False, time.monotonic() + 60
+    while number == 0 and not seen and time.monotonic() < deadline:
+        seen = bool(glob.glob(results + "/photos.beton*"))
+        time.sleep(0.01)
+    detail = "late batch %d, the full write seen: %s" % (number, seen or number > 0)
+    print(json.dumps({"ok": ok, "detail": detail}), flush=True)
+"""
+
+
+def late_child(results: Path, verdict: str) -> LoaderProcess:
+    command = [sys.executable, "-c", LATE_CHILD, str(results), verdict]
+    return LoaderProcess(
+        subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE), tempfile.TemporaryFile()
+    )
+
+
+def run(tmp_path: Path, tolerance: float, started: LoaderProcess | None = None):
     spec = photos_spec(make_photo_folder(tmp_path / "photos", per_class=6), tolerance)
     out = tmp_path / "results"
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     smoke = {
         "beton_path": str(out / "smoke.beton"),
         "record_path": str(out / "smoke.write.json"),
@@ -57,7 +81,14 @@ def run(tmp_path: Path, tolerance: float):
     with open(os.devnull, "w") as quiet:
         make_source_manifest(spec, str(out / "source.json"), plan_parts=False, log=quiet)
         record = gate_and_write(
-            spec, str(out / "source.json"), smoke, str(out / "photos.beton"), str(out / "photos.write.json"), 2, quiet
+            spec,
+            str(out / "source.json"),
+            smoke,
+            str(out / "photos.beton"),
+            str(out / "photos.write.json"),
+            2,
+            quiet,
+            started,
         )
     return out, record
 
@@ -82,3 +113,26 @@ def test_a_failing_gate_stops_the_job_before_the_full_write_and_ends_the_child(t
     assert not [p for p in out.iterdir() if p.name.startswith("photos.beton")]  # no temporary full file
     (child,) = children
     assert child.served == 1 and child.process.returncode is not None
+
+
+def test_the_full_write_runs_while_the_gates_loader_batch_is_awaited(tmp_path: Path, children):
+    """Every other check of the gate passed, the full write starts; the gate's report waits for
+    its Loader batch (here a child that answers only once it sees the full write under way)."""
+    (tmp_path / "results").mkdir()
+    out, record = run(tmp_path, tolerance=8.0, started=late_child(tmp_path / "results", "ok"))
+    gate = json.loads((out / "smoke.verify.json").read_text())
+    batch = next(c for c in gate["checks"] if c["name"] == "loader_batch")
+    assert gate["ok"] and batch["detail"] == "late batch 0, the full write seen: True", batch
+    assert record["num_samples"] == 12 and record["loader_batch"]["detail"].startswith("late batch 1")
+    assert not children  # the job's own child served both
+
+
+def test_a_gate_whose_loader_batch_fails_during_the_full_write_leaves_no_full_file(tmp_path: Path, children):
+    (tmp_path / "results").mkdir()
+    with pytest.raises(VerificationError, match="loader_batch: late batch 0"):
+        run(tmp_path, tolerance=8.0, started=late_child(tmp_path / "results", "fail"))
+    out = tmp_path / "results"
+    failed = json.loads((out / "failed/smoke.verify.json").read_text())
+    assert [c["name"] for c in failed["checks"] if not c["ok"]] == ["loader_batch"]
+    assert not (out / "smoke.verify.json").exists()
+    assert not [p for p in out.iterdir() if p.name.startswith("photos.")]  # no full file, record or temporary

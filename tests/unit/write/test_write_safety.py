@@ -100,3 +100,46 @@ def test_a_process_forked_during_a_write_dies_of_sigterm_instead_of_raising_in_t
                 os._exit(3)  # reached only when the handler raised
         _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+
+
+def test_what_the_watch_raises_ends_the_write_and_leaves_no_file(tmp_path):
+    """The smoke gate's Loader batch, failing during the full write (``write_beton``'s ``watch``):
+    the workers are ended, the error is the watch's, and nothing is left at the target."""
+    import multiprocessing
+
+    import numpy as np
+
+    from betonbuild.config.load import load_config
+    from betonbuild.errors import VerificationError
+    from betonbuild.write.writer import write_beton
+
+    entry = {
+        "source": {"kind": "python", "factory": "x:y"},
+        "fields": {"x": {"type": "ndarray", "dtype": "uint8", "shape": [4]}},
+        "writer": {"chunksize": 1},
+    }
+    spec = load_config({"datasets": {"d": entry}}).datasets["d"]
+    calls = []
+
+    def gate_failed():
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            raise VerificationError("the gate's Loader batch failed")
+
+    rows = np.zeros((200_000, 4), dtype=np.uint8)
+    target = tmp_path / "out.beton"
+    started = time.monotonic()
+    with pytest.raises(VerificationError, match="Loader batch failed"):
+        write_beton(
+            spec,
+            [(row,) for row in rows],
+            np.arange(len(rows)),
+            target,
+            2,
+            log=open("/dev/null", "w"),
+            watch=gate_failed,
+        )
+        pytest.fail("the write ran to its end")  # 200,000 one-sample items: far more than 3 polls
+    assert time.monotonic() - started < 30 and len(calls) == 3
+    assert not target.exists() and not list(tmp_path.glob(".out.beton.tmp-*"))
+    assert not multiprocessing.active_children()
