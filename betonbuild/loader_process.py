@@ -111,14 +111,17 @@ class LoaderProcess:
             yield self
         finally:
             self.kept = False
-            self.close()
+            self.end()
 
     def close(self) -> None:
         """Ends the child: at once if it was never asked or is mid-batch (an answer unread), else by
         closing its stdin (it then exits). Kept open (``kept_open``), it is left running. An answer
         still awaited (on another thread too) then says the process ended before it answered."""
-        if self.kept:
-            return
+        if not self.kept:
+            self.end()
+
+    def end(self) -> None:
+        """``close``, kept open or not (a job interrupted mid-write does not wait for an answer)."""
         running = self.process.poll() is None
         if running and (self.pending or not self.served):
             self.killed = True

@@ -12,6 +12,7 @@ from typing import Any
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.verify import LoaderProcess, start_loader_process
 from betonbuild.workflow.stages import build, verify_dataset
+from betonbuild.write.writer import WriteInterrupted
 
 
 def smoke_and_gate(
@@ -72,7 +73,9 @@ def gate_and_write(
         try:
             full = {"threads": threads, "log": log, "started_loader": loader, "watch": gate.raise_if_failed}
             record = build(spec, manifest_path, beton_path, record_path, **full)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, WriteInterrupted)):
+                loader.end()  # no wait for its answer: the gate's report then says the child ended first
             gate.thread.join()  # its report, written as it would be: the answer comes within seconds
             raise
         try:

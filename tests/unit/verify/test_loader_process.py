@@ -92,3 +92,19 @@ def test_at_the_exit_of_kept_open_a_child_mid_batch_is_ended(arrays_spec):
     assert child.process.returncode is not None
     ok, detail = answer.result()
     assert not ok and "ended before it answered" in detail, detail
+
+
+def test_end_ends_a_kept_open_child_at_once_and_its_awaited_answer_says_so(arrays_spec):
+    """A write job interrupted mid-write ends the child without waiting for the gate's answer."""
+    import threading
+
+    good = written(arrays_spec, "d.beton", np.arange(40))
+    child = start_loader_process(arrays_spec)
+    with child.kept_open():
+        answer, answers = child.request(good, arrays_spec), []
+        waiting = threading.Thread(target=lambda: answers.append(answer.result()))
+        waiting.start()  # as the smoke gate's thread awaits it
+        child.end()
+        waiting.join(timeout=30)
+        assert child.process.returncode is not None and not waiting.is_alive()
+    assert answers == [(False, "ffcv.Loader's process was ended before it answered")]
