@@ -87,9 +87,11 @@ def test_run_assembles_the_cases_into_the_issues_targets(monkeypatch, tmp_path: 
 
 
 def test_the_verification_is_measured_against_the_write_jobs_full_write(tmp_path: Path):
-    """The write job also writes and reads back the smoke file: those two stages' own seconds come off."""
+    """The write job also writes and gates on the smoke file, whose Loader batch is awaited during
+    the full write: the denominator is the full write's own seconds, from its record."""
     (tmp_path / "smoke.write.json").write_text(json.dumps({"seconds": 0.25}))
-    (tmp_path / "smoke.verify.json").write_text(json.dumps({"seconds": 1.75}))
+    (tmp_path / "smoke.verify.json").write_text(json.dumps({"seconds": 3.5}))  # overlaps the full write
+    (tmp_path / "imagenet.write.json").write_text(json.dumps({"seconds": 4.0}))
     runs = []
     job = {"write": 6.0, "verify": 1.0}
     hook = b10_imagenet_like._with_full_write_stage(tmp_path, runs, lambda *_: runs.append(dict(job)))
