@@ -102,6 +102,7 @@ def resolve_source_jpeg(field_spec: FieldSpec, value: Any, fail) -> Any:
     from PIL import Image
 
     if isinstance(value, (bytes, bytearray, memoryview)):
+        from betonbuild.fields.reduced_decode import decoded_reduced, reduces  # it imports this module
         from betonbuild.sources.jpeg import decode_rgb8  # not at the top: betonbuild.sources imports this module
 
         data = bytes(value)
@@ -109,11 +110,14 @@ def resolve_source_jpeg(field_spec: FieldSpec, value: Any, fail) -> Any:
         if isinstance(kept, KeptJPEG):
             return kept
         try:  # as the sources' reencode decodes: libjpeg-turbo directly where it gives PIL's pixels
-            image = decode_rgb8(data, _pil_loaded, components=(3,))
+            if reduces(field_spec, data):  # decode: reduced
+                image = decoded_reduced(field_spec, data)
+            else:
+                image = decode_rgb8(data, _pil_loaded, components=(3,))
         except (OSError, Image.UnidentifiedImageError, Image.DecompressionBombError) as exc:
             raise fail(f"cannot decode the image's {len(data)} bytes: {exc}", "return valid image bytes") from None
         return Reencode(image, kept)
-    if _unloaded_jpeg_file(value):
+    if unloaded_jpeg_file(value):
         try:
             with open(value.filename, "rb") as fh:
                 data = fh.read()
@@ -134,7 +138,7 @@ def _pil_loaded(data: bytes):
     return image
 
 
-def _unloaded_jpeg_file(value: Any) -> bool:
+def unloaded_jpeg_file(value: Any) -> bool:
     """A PIL JPEG opened from a file whose pixels nobody can have changed: not loaded yet (``tile``
     is cleared by ``load``, which every pixel access calls) and not drafted to another size."""
     return (

@@ -13,6 +13,7 @@ from betonbuild.errors import BetonFormatError, ConfigError
 from betonbuild.fields.builtin_encoders import RGBImageEncoder, ffcv_resizer
 from betonbuild.fields.kept_jpeg import KeptJPEG, Reencode, keeping_encode, keeps_source_jpeg, resolve_source_jpeg
 from betonbuild.fields.kind import Fail, FieldKind, StoredSample, describe
+from betonbuild.fields.reduced_decode import decodes_reduced, reduced_pil_file
 
 MAX_IMAGE_SIDE = 65535  # ffcv stores width and height as <u2
 LOADER_JPEG_MEAN_ERROR = 4.0  # two JPEG decoders of one file; a different image differs by ~50+
@@ -79,9 +80,10 @@ class RGBImageKind(FieldKind):
                 "enum": ["full", "reduced"],
                 "default": "full",
                 "description": (
-                    "reduced: an image folder's JPEG that max_resolution shrinks 2x or more is decoded at "
-                    "libjpeg's reduced DCT scale (PIL draft), then resized as ffcv does; pixels differ slightly "
-                    "from ffcv's (docs/images.md)."
+                    "reduced: a source JPEG that max_resolution shrinks 2x or more (an image folder's file, a "
+                    "webdataset rgb8 member, Parquet image bytes, a python source's JPEG bytes or PIL JPEG file) "
+                    "is decoded at libjpeg's reduced DCT scale (PIL draft), then resized as ffcv does; pixels "
+                    "differ slightly from ffcv's (docs/images.md)."
                 ),
             },
             "source_jpeg": {
@@ -125,6 +127,8 @@ class RGBImageKind(FieldKind):
                 return value  # its frame header was checked: 8-bit, within max_resolution
             if isinstance(value, Reencode):
                 value = value.image
+        if decodes_reduced(field):
+            value = _reduced_pil_file(field, value, fail)
         value = _as_rgb_array(field, value, fail)
         height, width = value.shape[:2]
         if not (1 <= height <= MAX_IMAGE_SIDE and 1 <= width <= MAX_IMAGE_SIDE):
@@ -264,6 +268,16 @@ def _compare_kept(field: FieldSpec, stored: StoredSample, value: KeptJPEG, stats
     if found.shape != (value.height, value.width, 3):
         return f"kept JPEG decodes to shape {found.shape}, expected {(value.height, value.width, 3)}"
     return None
+
+
+def _reduced_pil_file(field: FieldSpec, value: Any, fail: Fail) -> Any:
+    """``decode: reduced`` for a python source's PIL JPEG opened from a file (``reduced_pil_file``)."""
+    from PIL import Image
+
+    try:
+        return reduced_pil_file(field, value)
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise fail(f"cannot decode the image{_file_of(value)}: {exc}", "return images that decode") from None
 
 
 def _as_rgb_array(field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:

@@ -25,6 +25,7 @@ import numpy as np
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import SourceError
 from betonbuild.fields.kept_jpeg import keeps_source_jpeg
+from betonbuild.fields.reduced_decode import decoded_reduced, reduces
 from betonbuild.sources.image_limits import decompression_bomb, is_decompression_bomb
 from betonbuild.sources.jpeg import decode_rgb8
 
@@ -229,7 +230,10 @@ class Column:
             if keeps_source_jpeg(self.plan.field):  # the bytes themselves: a JPEG that fits is stored unchanged
                 return bytes(self.encoded(i))
             if self.plan.field.type == "rgb_image":  # libjpeg-turbo directly where it gives PIL's pixels
-                return decode_rgb8(bytes(self.encoded(i)), decode_image, components=(3,))
+                data = bytes(self.encoded(i))
+                if reduces(self.plan.field, data):  # decode: reduced (fields.reduced_decode)
+                    return decoded_reduced(self.plan.field, data)
+                return decode_rgb8(data, decode_image, components=(3,))
             return decode_image(self.encoded(i))
         return self.values[i]
 

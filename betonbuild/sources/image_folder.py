@@ -10,8 +10,8 @@ import numpy as np
 
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
-from betonbuild.fields.builtin_encoders import ffcv_target_size
 from betonbuild.fields.kept_jpeg import KeptJPEG, Reencode, keep_or_reason, keeps_source_jpeg
+from betonbuild.fields.reduced_decode import load_reduced, reduces
 from betonbuild.sources.base import Source
 from betonbuild.sources.files import count_files
 from betonbuild.sources.folder_listing import (
@@ -125,8 +125,6 @@ class ImageFolderSource(Source):
     def __getitem__(self, index: int) -> tuple:
         field, label = self.spec.fields[0], int(self.listing.labels[index])
         path = self.listing.path(index)
-        if field.options.get("decode") == "reduced":
-            return self._pil_image(index, self._checked_path(index)), label
         data = self._read(index)
         if keeps_source_jpeg(field):
             kept = keep_or_reason(field, data, path)
@@ -136,47 +134,26 @@ class ImageFolderSource(Source):
     def _decoded(self, index: int, path: str, data: bytes):
         """The file's pixels: libjpeg-turbo directly where it gives PIL's pixels (sources.jpeg), a
         quarter faster than PIL's image and its array; a grey JPEG stays PIL's "L" image, which the
-        field refuses or converts as ``image_mode`` says."""
+        field refuses or converts as ``image_mode`` says. ``decode: reduced``: a JPEG that
+        ``max_resolution`` shrinks 2x or more at libjpeg's reduced scale (``fields.reduced_decode``)."""
+        if reduces(self.spec.fields[0], data):
+            return self._pil_image(index, path, data)
         return decode_rgb8(data, lambda _: self._pil_image(index, path, data), components=(3,))
 
-    def _pil_image(self, index: int, path: str, data: bytes | None = None):
-        """The image decoded by PIL, from ``data`` (the file's bytes, read and checked) or the file
-        itself; ``decode: reduced`` at libjpeg's reduced scale."""
+    def _pil_image(self, index: int, path: str, data: bytes):
+        """The file's bytes (read and checked) decoded by PIL; ``decode: reduced`` at the reduced scale."""
         import io
 
         from PIL import Image, UnidentifiedImageError
 
         try:
-            image = Image.open(io.BytesIO(data) if data is not None else path)
+            image = Image.open(io.BytesIO(data))
             image.filename = path  # the field's messages name the file
-            reduced = self._reduced_size(image)
-            if reduced:
-                image.draft(None, reduced)  # libjpeg's DCT scaling: 1/2, 1/4 or 1/8, never below ``reduced``
-            image.load()
+            return load_reduced(self.spec.fields[0], image)
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:  # the warning: if made an error
             raise self._bomb_error(index, path, exc) from None
         except (OSError, UnidentifiedImageError) as exc:
             raise SampleError(self.spec.name, self.spec.field_names[0], index, f"cannot decode {path}: {exc}") from None
-        return self._resized(image, reduced) if reduced else image
-
-    def _reduced_size(self, image) -> tuple[int, int] | None:
-        """With ``decode: reduced``, the size ffcv's resizer makes of a JPEG that it shrinks 2x or more."""
-        field = self.spec.fields[0]
-        if field.options.get("decode") != "reduced" or image.format != "JPEG":
-            return None
-        target = ffcv_target_size(*image.size, field.options.get("max_resolution"))
-        return target if target and 2 * max(target) <= max(image.size) else None
-
-    def _resized(self, image, size: tuple[int, int]):
-        """The drafted image resized the rest of the way to exactly ``size`` (INTER_AREA, as ffcv resizes);
-        an image the contract refuses (a mode other than RGB under ``image_mode: strict``) is left to it."""
-        import cv2
-
-        if image.mode != "RGB":
-            if self.spec.fields[0].options.get("image_mode") != "convert":
-                return image
-            image = image.convert("RGB")
-        return cv2.resize(np.asarray(image), size, interpolation=cv2.INTER_AREA)
 
     def _read(self, index: int) -> bytes:
         """The image file's bytes; read from a listing, a file changed since is refused (one open:
@@ -197,19 +174,6 @@ class ImageFolderSource(Source):
             exc, f"image file {path}", "read the folder with a python source whose module sets"
         )
         return SampleError(self.spec.name, self.spec.field_names[0], index, message, fix)
-
-    def _checked_path(self, index: int) -> str:
-        """The image's path; read from a listing, a file changed since is refused (SourceError)."""
-        path = self.listing.path(index)
-        if self.from_listing:
-            try:
-                stat = os.stat(path)
-            except OSError as exc:
-                raise SampleError(
-                    self.spec.name, self.spec.field_names[0], index, f"cannot read {path}: {exc.strerror}"
-                ) from None
-            self._refuse_changed(index, stat)
-        return path
 
     def _refuse_changed(self, index: int, stat: os.stat_result) -> None:
         changed = self.listing.changed_since_listed(index, stat)

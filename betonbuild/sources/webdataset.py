@@ -26,6 +26,7 @@ import numpy as np
 from betonbuild.config.spec import DatasetSpec, FieldSpec
 from betonbuild.errors import ConfigError, SampleError, SourceError
 from betonbuild.fields.kept_jpeg import KeptJPEG, Reencode, keep_or_reason, keeps_source_jpeg
+from betonbuild.fields.reduced_decode import decoded_reduced, reduces
 from betonbuild.sources.adapters import import_factory
 from betonbuild.sources.base import Source
 from betonbuild.sources.image_limits import decompression_bomb, is_decompression_bomb
@@ -356,12 +357,15 @@ class WebDatasetSource(Source):
     def decode_field(self, field: FieldSpec, ext: str, payload: bytes, where: str):
         """A member as the field takes it: a JPEG kept as it is (``source_jpeg: keep``), else decoded."""
         if not keeps_source_jpeg(field) or not isinstance(payload, bytes):
-            return self.decode1(ext, payload)
+            return self.decode1(ext, payload, field)
         kept = keep_or_reason(field, payload, where)
-        return kept if isinstance(kept, KeptJPEG) else Reencode(self.decode1(ext, payload), kept)
+        return kept if isinstance(kept, KeptJPEG) else Reencode(self.decode1(ext, payload, field), kept)
 
-    def decode1(self, ext: str, payload: bytes):
-        """webdataset's decode of one member; a plain rgb8 JPEG through cv2 (see ``jpeg``)."""
+    def decode1(self, ext: str, payload: bytes, field: FieldSpec | None = None):
+        """webdataset's decode of one member; a plain rgb8 JPEG through cv2 (see ``jpeg``), or at
+        libjpeg's reduced scale for a field with ``decode: reduced`` (``reduced_decode``; RGB, as rgb8)."""
         if ext.rsplit(".", 1)[-1] not in self._rgb8_extensions:
             return self._decoder.decode1(ext, payload)
+        if field is not None and isinstance(payload, bytes) and reduces(field, payload):
+            return decoded_reduced(field, payload, convert=True)
         return decode_rgb8(payload, functools.partial(self._decoder.decode1, ext))
