@@ -107,6 +107,12 @@ class RGBImageKind(FieldKind):
                 f"`source_jpeg: keep` stores JPEGs, but write_mode is {options['write_mode']!r}: "
                 "set `write_mode: jpg`, or remove `source_jpeg`",
             )
+        if options["decode"] == "reduced" and not options["max_resolution"]:
+            raise ConfigError(
+                f"{where}.decode",
+                "`decode: reduced` decodes the JPEGs that max_resolution shrinks 2x or more, and there is "
+                "no max_resolution: set one, or remove `decode`",
+            )
         return options
 
     def build(self, field: FieldSpec):

@@ -79,6 +79,14 @@ class ArraysSource(Source):
                 raise ConfigError(f"{where}.columns", f"without `path` every column is a .npy file; got {bad}")
         elif not source["path"].endswith(".npz"):
             raise ConfigError(f"{where}.path", f"{source['path']!r} must be an .npz file (or give .npy columns)")
+        for field in fields:  # options about decoding a source's JPEGs: an array holds pixels
+            for option, default in (("decode", "full"), ("source_jpeg", "reencode")):
+                if field.options.get(option, default) != default:
+                    raise ConfigError(
+                        f"{where.rsplit('.', 1)[0]}.fields.{field.name}.{option}",
+                        f"an arrays source holds pixels, not JPEGs: `{option}: {field.options[option]}` has "
+                        "nothing to act on; remove it",
+                    )
 
     @classmethod
     def input_files(cls, spec: DatasetSpec) -> list[str]:

@@ -21,6 +21,7 @@ from betonbuild.beton.format import BetonFile
 from betonbuild.beton.payloads import decode_image
 from betonbuild.config.load import load_config
 from betonbuild.demo import colour_photos
+from betonbuild.errors import ConfigError
 from betonbuild.fields.builtin_encoders import ffcv_resizer
 from betonbuild.fields.reduced_decode import decoded_reduced, reduces
 from betonbuild.provenance import ffcv_build
@@ -195,3 +196,24 @@ def test_a_python_source_s_jpeg_file_gone_is_the_sample_s_error(tmp_path: Path):
     path.unlink()
     with pytest.raises(SampleError, match=r"dataset 'py', field 'image', sample index 7.*gone\.jpg"):
         check_sample(spec, (image, 0), 7)
+
+
+def test_reduced_without_max_resolution_is_refused():
+    entry = {
+        "source": {"kind": "image_folder", "root": "r"},
+        "fields": {"image": {"type": "rgb_image", "decode": "reduced"}, "label": {"type": "int"}},
+    }
+    with pytest.raises(ConfigError, match=r"datasets\.f\.fields\.image\.decode.*no max_resolution"):
+        load_config({"datasets": {"f": entry}})
+
+
+@pytest.mark.parametrize("option", [{"decode": "reduced"}, {"source_jpeg": "keep", "write_mode": "jpg"}])
+def test_jpeg_options_on_an_arrays_source_are_refused(option: dict):
+    image = {"type": "rgb_image", "max_resolution": 64, **option}
+    entry = {
+        "source": {"kind": "arrays", "columns": {"image": "images.npy", "label": "labels.npy"}},
+        "fields": {"image": image, "label": {"type": "int"}},
+    }
+    key = next(iter(k for k in option if k != "write_mode"))
+    with pytest.raises(ConfigError, match=rf"datasets\.a\.fields\.image\.{key}.*holds pixels, not JPEGs"):
+        load_config({"datasets": {"a": entry}})
