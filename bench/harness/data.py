@@ -36,7 +36,7 @@ CROP_BYTES = CROP * CROP * 3
 
 def _ready(directory: Path, spec: dict) -> bool:
     marker = directory / "spec.json"
-    return marker.exists() and json.loads(marker.read_text()) == spec
+    return marker.exists() and json.loads(marker.read_text()) == json.loads(json.dumps(spec))  # tuples as lists
 
 
 def _fresh(directory: Path) -> Path:

@@ -26,7 +26,9 @@ def test_the_folder_has_the_quirks_and_sizes_of_imagenet(tmp_path: Path):
     assert formats[PNG_AT][0] == "PNG"
     assert formats[GREY_EVERY - 1] == ("JPEG", "L")
     assert sum(f == ("JPEG", "RGB") for f in formats.values()) == len(files) - 3
-    assert imagenet_like(tmp_path, GREY_EVERY + 3, classes=5) == root  # reused, not made again
+    made = (root / "spec.json").stat().st_mtime_ns
+    assert imagenet_like(tmp_path, GREY_EVERY + 3, classes=5) == root
+    assert (root / "spec.json").stat().st_mtime_ns == made  # reused, not made again (its spec holds tuples)
 
 
 def test_the_content_check_compares_reencode_with_plain_and_keep_with_keep():
