@@ -22,6 +22,7 @@ from betonbuild.beton.format import IMAGE_MODE_JPEG
 from betonbuild.beton.jpeg_frame import JpegFrame, jpeg_frame
 from betonbuild.config.spec import FieldSpec
 from betonbuild.errors import SampleError
+from betonbuild.fields.reduced_decode import decoded_reduced, reduces, unloaded_jpeg_file
 
 KEPT = "kept"
 # Why an image was re-encoded; the order is the code stored per sample while writing (0: not read)
@@ -102,7 +103,6 @@ def resolve_source_jpeg(field_spec: FieldSpec, value: Any, fail) -> Any:
     from PIL import Image
 
     if isinstance(value, (bytes, bytearray, memoryview)):
-        from betonbuild.fields.reduced_decode import decoded_reduced, reduces  # it imports this module
         from betonbuild.sources.jpeg import decode_rgb8  # not at the top: betonbuild.sources imports this module
 
         data = bytes(value)
@@ -136,18 +136,6 @@ def _pil_loaded(data: bytes):
     image = Image.open(io.BytesIO(data))
     image.load()
     return image
-
-
-def unloaded_jpeg_file(value: Any) -> bool:
-    """A PIL JPEG opened from a file whose pixels nobody can have changed: not loaded yet (``tile``
-    is cleared by ``load``, which every pixel access calls) and not drafted to another size."""
-    return (
-        type(value).__name__ == "JpegImageFile"
-        and getattr(value, "format", None) == "JPEG"
-        and bool(getattr(value, "filename", ""))
-        and bool(getattr(value, "tile", None))
-        and getattr(value, "decoderconfig", ()) in ((), None)
-    )
 
 
 def reason_of(raw: Any, checked: Any) -> str:

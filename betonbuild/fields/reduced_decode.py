@@ -23,7 +23,6 @@ import numpy as np
 from betonbuild.beton.jpeg_frame import jpeg_frame
 from betonbuild.config.spec import FieldSpec
 from betonbuild.fields.builtin_encoders import ffcv_target_size
-from betonbuild.fields.kept_jpeg import unloaded_jpeg_file
 
 
 def decodes_reduced(field: FieldSpec) -> bool:
@@ -71,6 +70,18 @@ def reduced_pil_file(field: FieldSpec, image) -> Any:
     with open(image.filename, "rb") as fh:
         data = fh.read()
     return decoded_reduced(field, data, image.filename) if reduces(field, data) else image
+
+
+def unloaded_jpeg_file(value: Any) -> bool:
+    """A PIL JPEG opened from a file whose pixels nobody can have changed: not loaded yet (``tile``
+    is cleared by ``load``, which every pixel access calls) and not drafted to another size."""
+    return (
+        type(value).__name__ == "JpegImageFile"
+        and getattr(value, "format", None) == "JPEG"
+        and bool(getattr(value, "filename", ""))
+        and bool(getattr(value, "tile", None))
+        and getattr(value, "decoderconfig", ()) in ((), None)
+    )
 
 
 def _target(field: FieldSpec, width: int, height: int) -> tuple[int, int] | None:
