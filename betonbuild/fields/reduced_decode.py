@@ -9,6 +9,9 @@ bytes (with ``source_jpeg: keep``) or its PIL JPEGs opened from a file and not y
 else (not a JPEG, a cut one, one shrunk less than 2x) is decoded in full, as before. The pixels
 differ slightly from a full decode's; docs/images.md gives the measured differences.
 
+A decode at the reduced scale gives ``ReducedPixels`` (an ndarray, so marked): the write's measurements
+and the verification count them, so that the report says how many images took it.
+
 A python source's PIL image is not drafted in place (the source may hand the same object out
 again): its file's bytes are decoded instead.
 """
@@ -23,6 +26,15 @@ import numpy as np
 from betonbuild.beton.jpeg_frame import jpeg_frame
 from betonbuild.config.spec import FieldSpec
 from betonbuild.fields.builtin_encoders import ffcv_target_size
+
+
+class ReducedPixels(np.ndarray):
+    """An RGB array decoded at libjpeg's reduced scale and resized to ffcv's size: an ordinary array,
+    marked so that the images that took the reduced decode can be counted (``was_reduced``)."""
+
+
+def was_reduced(value: Any) -> bool:
+    return isinstance(value, ReducedPixels)
 
 
 def decodes_reduced(field: FieldSpec) -> bool:
@@ -99,4 +111,4 @@ def _resized(field: FieldSpec, image, size: tuple[int, int], convert: bool | Non
         if not (convert if convert is not None else field.options.get("image_mode") == "convert"):
             return image
         image = image.convert("RGB")
-    return cv2.resize(np.asarray(image), size, interpolation=cv2.INTER_AREA)
+    return cv2.resize(np.asarray(image), size, interpolation=cv2.INTER_AREA).view(ReducedPixels)

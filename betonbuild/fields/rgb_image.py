@@ -13,7 +13,7 @@ from betonbuild.errors import BetonFormatError, ConfigError
 from betonbuild.fields.builtin_encoders import RGBImageEncoder, ffcv_resizer
 from betonbuild.fields.kept_jpeg import KeptJPEG, Reencode, keeping_encode, keeps_source_jpeg, resolve_source_jpeg
 from betonbuild.fields.kind import Fail, FieldKind, StoredSample, describe
-from betonbuild.fields.reduced_decode import decodes_reduced, reduced_pil_file
+from betonbuild.fields.reduced_decode import decodes_reduced, reduced_pil_file, was_reduced
 
 MAX_IMAGE_SIDE = 65535  # ffcv stores width and height as <u2
 LOADER_JPEG_MEAN_ERROR = 4.0  # two JPEG decoders of one file; a different image differs by ~50+
@@ -150,7 +150,8 @@ class RGBImageKind(FieldKind):
                     f"image {width}x{height} would be resized to zero pixels by max_resolution {max_resolution}",
                     "raise max_resolution, or pad or skip such thin images in the adapter",
                 )
-        return np.ascontiguousarray(value)
+        # an array that is contiguous already is returned as it is: a ``ReducedPixels`` stays marked
+        return value if value.flags.c_contiguous else np.ascontiguousarray(value)
 
     def decoded_bytes(self, field: FieldSpec, page_size: int) -> int:
         if field.options.get("max_resolution"):
@@ -163,6 +164,8 @@ class RGBImageKind(FieldKind):
     def compare(self, field: FieldSpec, stored: StoredSample, value: Any, stats: dict) -> str | None:
         if isinstance(value, KeptJPEG):
             return _compare_kept(field, stored, value, stats)
+        if was_reduced(value):
+            stats["reduced_decode"] = stats.get("reduced_decode", 0) + 1
         expected = expected_image(field, value)
         found, raw = stored.image(field.name)
         if found.shape != expected.shape:
@@ -190,6 +193,8 @@ class RGBImageKind(FieldKind):
         if keeps_source_jpeg(field):  # no quality loss hidden: how many images were kept, how many re-encoded
             stats.setdefault("kept", 0)
             stats["reencoded"] = stats.get("jpeg", 0) + stats.get("raw", 0)
+        if decodes_reduced(field):  # and how many were decoded at libjpeg's reduced scale
+            stats.setdefault("reduced_decode", 0)
         if stats.pop("jpeg_over_tolerance", 0):
             # variable_result prints it once, after the failing samples
             quality = field.options["jpeg_quality"]

@@ -50,7 +50,7 @@ def _unusable(entry: dict[str, Any], rows: int, tolerance: float) -> str | None:
 
 def _as_compared(entry: dict[str, Any]) -> dict[str, Any]:
     stats = {"compared": entry["samples"], "mismatches": 0, "measured_at_write": entry["samples"]}
-    for key in ("raw", "kept"):  # a keeping field's report counts kept ones as it does image by image
+    for key in ("raw", "kept", "reduced_decode"):  # counted as the image-by-image comparison counts them
         if entry.get(key):
             stats[key] = entry[key]
     if entry["jpeg"]:

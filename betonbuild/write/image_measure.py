@@ -32,9 +32,11 @@ from betonbuild.beton.format import IMAGE_MODE_RAW
 from betonbuild.config.spec import DatasetSpec
 from betonbuild.fields.builtin_encoders import ffcv_resizer
 from betonbuild.fields.kept_jpeg import KeptJPEG
+from betonbuild.fields.reduced_decode import decodes_reduced, was_reduced
 from betonbuild.fields.rgb_image import jpeg_error
 
-MEASURE = np.dtype([("crc", "<u4"), ("mean", "<f4"), ("worst", "u1"), ("state", "u1")])
+# ``reduced``: 1 where the image was decoded at libjpeg's reduced scale (``decode: reduced``)
+MEASURE = np.dtype([("crc", "<u4"), ("mean", "<f4"), ("worst", "u1"), ("state", "u1"), ("reduced", "u1")])
 # ``state``: UNMEASURED where imdecode refused the JPEG; KEPT: a source JPEG stored as it was
 NOT_WRITTEN, JPEG, RAW, UNMEASURED, KEPT = 0, 1, 2, 3, 4
 DIGEST_BLOCK = 1 << 20  # rows hashed at a time: the summary's memory does not grow with the dataset
@@ -48,7 +50,8 @@ def measured_fields(spec: DatasetSpec) -> list[str]:
 class ImageMeasure:
     """Per measured field, one ``MEASURE`` row per source index, in memory the workers share."""
 
-    def __init__(self, names: list[str], length: int):
+    def __init__(self, names: list[str], length: int, reduced: frozenset[str] = frozenset()):
+        self.reduced = reduced  # the fields with ``decode: reduced``: their summaries count it
         self.rows = {
             name: np.frombuffer(mmap.mmap(-1, max(length, 1) * MEASURE.itemsize), dtype=MEASURE)[:length]
             for name in names
@@ -63,6 +66,7 @@ class ImageMeasure:
             kept = isinstance(image, KeptJPEG)
             if not (kept or isinstance(image, np.ndarray)) or index is None or not 0 <= index < len(rows):
                 return encode(destination, image, malloc)  # a replayed sample, a value ffcv will refuse
+            reduced = was_reduced(image)
             if not kept:
                 image = ffcv_resizer(image, max_resolution)  # ffcv's resizer: its own call is then a no-op
             stored: list[np.ndarray] = []
@@ -73,7 +77,8 @@ class ImageMeasure:
                 return pointer, storage
 
             encode(destination, image, remembering_malloc)
-            rows[index] = measure_kept(image, stored[-1]) if kept else measure(destination, image, stored[-1])
+            row = measure_kept(image, stored[-1]) if kept else measure(destination, image, stored[-1])
+            rows[index] = (*row, reduced)
 
         encoder.encode = measured_encode
         return encoder
@@ -81,7 +86,7 @@ class ImageMeasure:
     def summary(self, order: np.ndarray) -> dict[str, Any]:
         """Per field, over ``order`` (the source index of each row of the file, in file order): how
         many rows were measured and how, their JPEG error statistics, and ``payload_crc32_sha256``."""
-        return {name: _summary(rows, order) for name, rows in self.rows.items()}
+        return {name: _summary(rows, order, name in self.reduced) for name, rows in self.rows.items()}
 
 
 def measure(destination, image: np.ndarray, payload: np.ndarray) -> tuple:
@@ -114,20 +119,22 @@ def _ffcv_decoded(payload: np.ndarray, height: int, width: int) -> np.ndarray | 
     return decoded
 
 
-def _summary(rows: np.ndarray, order: np.ndarray) -> dict[str, Any]:
+def _summary(rows: np.ndarray, order: np.ndarray, count_reduced: bool = False) -> dict[str, Any]:
     counts = np.zeros(5, dtype=np.int64)
+    reduced = 0
     error_sum, error_max, worst = 0.0, 0.0, 0
     digest = hashlib.sha256()
     for start in range(0, len(order), DIGEST_BLOCK):
         block = rows[order[start : start + DIGEST_BLOCK]]
         counts += np.bincount(block["state"], minlength=5)
+        reduced += int(np.count_nonzero(block["reduced"]))
         jpeg = block[block["state"] == JPEG]
         if jpeg.size:
             error_sum += float(jpeg["mean"].astype(np.float64).sum())
             error_max = max(error_max, float(jpeg["mean"].max()))
             worst = max(worst, int(jpeg["worst"].max()))
         digest.update(block["crc"].astype("<u4").tobytes())
-    return {
+    summary = {
         "samples": int(len(order)),
         "jpeg": int(counts[JPEG]),
         "raw": int(counts[RAW]),
@@ -138,8 +145,12 @@ def _summary(rows: np.ndarray, order: np.ndarray) -> dict[str, Any]:
         "jpeg_max_abs_error_max": worst,
         "payload_crc32_sha256": digest.hexdigest(),
     }
+    if count_reduced:
+        summary["reduced_decode"] = reduced
+    return summary
 
 
 def image_measure(spec: DatasetSpec, length: int) -> ImageMeasure | None:
     names = measured_fields(spec)
-    return ImageMeasure(names, length) if names else None
+    reduced = frozenset(f.name for f in spec.fields if f.name in names and decodes_reduced(f))
+    return ImageMeasure(names, length, reduced) if names else None

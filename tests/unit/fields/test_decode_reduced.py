@@ -51,12 +51,15 @@ def _spec(source: dict, name: str = "reduced", decode: str = "reduced", **image)
 
 
 def _write_and_verify(spec, path: Path) -> BetonFile:
+    """Written and verified; of its two images, the first is counted as decoded reduced, by both."""
     source = open_source(spec)
     rows = np.arange(len(source))
     with open(os.devnull, "w") as quiet:
-        write_beton(spec, source, rows, path, 2, log=quiet)
+        record = write_beton(spec, source, rows, path, 2, log=quiet)
     report = verify_beton(spec, source, rows, str(path), ffcv_build())
     assert report["ok"], [c["detail"] for c in report["checks"] if not c["ok"]]
+    assert record["measured_images"]["image"]["reduced_decode"] == 1
+    assert next(c for c in report["checks"] if c["name"] == "variable_fields")["fields"]["image"]["reduced_decode"] == 1
     return BetonFile(str(path))
 
 
@@ -217,3 +220,34 @@ def test_jpeg_options_on_an_arrays_source_are_refused(option: dict):
     key = next(iter(k for k in option if k != "write_mode"))
     with pytest.raises(ConfigError, match=rf"datasets\.a\.fields\.image\.{key}.*holds pixels, not JPEGs"):
         load_config({"datasets": {"a": entry}})
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_write_record_and_the_report_count_the_reduced_decodes(tmp_path: Path, keep: bool):
+    """No quality loss hidden: how many images took the reduced decode, measured at the write and
+    counted again when the verification compares image by image (its measurements then unused)."""
+    root = tmp_path / "root" / "a"
+    root.mkdir(parents=True)
+    for name, data in (("0.jpg", _jpeg("astronaut", LARGE)), ("1.jpg", _jpeg("chelsea", LARGE))):
+        (root / name).write_bytes(data)
+    (root / "2.jpg").write_bytes(_jpeg("coffee", SMALL))  # shrunk less than 2x: decoded in full
+    options = {"write_mode": "jpg", "source_jpeg": "keep"} if keep else {"write_mode": "jpg"}
+    spec = _spec({"kind": "image_folder", "root": str(tmp_path / "root")}, **options)
+    source, rows, path = open_source(spec), np.arange(3), tmp_path / "out.beton"
+    with open(os.devnull, "w") as quiet:
+        record = write_beton(spec, source, rows, path, 2, log=quiet)
+    measured = record["measured_images"]["image"]
+    assert measured["reduced_decode"] == 2 and measured["jpeg"] == 3
+    worst = []
+    for evidence in (record["measured_images"], None):
+        report = verify_beton(spec, source, rows, str(path), ffcv_build(), measured=evidence)
+        stats = next(c for c in report["checks"] if c["name"] == "variable_fields")["fields"]["image"]
+        assert stats["reduced_decode"] == 2, stats
+        assert ("measured_at_write" in stats) == (evidence is not None)
+        worst.append(stats["jpeg_mean_abs_error_max"])
+    # both against the pixels the write encoded (the reduced decode), not a full decode of the source
+    assert worst[1] == pytest.approx(worst[0], abs=2e-3)
+    full = _spec({"kind": "image_folder", "root": str(tmp_path / "root")}, decode="full", write_mode="jpg")
+    with open(os.devnull, "w") as quiet:
+        record = write_beton(full, open_source(full), rows, tmp_path / "full.beton", 2, log=quiet)
+    assert "reduced_decode" not in record["measured_images"]["image"]  # said only where it can happen
