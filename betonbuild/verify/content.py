@@ -22,7 +22,7 @@ from betonbuild.config.spec import DatasetSpec
 from betonbuild.errors import BetonbuildError, BetonFormatError
 from betonbuild.fields import FIELD_KINDS, field_kind
 from betonbuild.fields.kept_jpeg import KeptJPEG, keep_or_reason, keeps_source_jpeg
-from betonbuild.fields.reduced_decode import reduces
+from betonbuild.fields.reduced_decode import decodes_reduced, reduces
 from betonbuild.mapped_pages import release_mapped
 from betonbuild.verify.images import DecoderCount, StoredImages, decode_source_image
 from betonbuild.verify.measured import decoder_count
@@ -313,7 +313,7 @@ def _fast_image(ctx: Context, stored: Chunk, index: int, tally: Tally) -> bool:
     # A JPEG the writer keeps is verified by its bytes (and one decode of the stored copy), never by pixels
     value = keep_or_reason(field, data.tobytes()) if keeps_source_jpeg(field) else None
     if not isinstance(value, KeptJPEG):
-        if reduces(field, data.tobytes()):
+        if decodes_reduced(field) and reduces(field, data.tobytes()):  # no copy of the bytes otherwise
             return False  # decoded at the reduced scale, as the writer decoded it, by the writer's path
         value = decode_source_image(stored.jpeg, data)
         if value is None or value.ndim != 3:

@@ -152,5 +152,5 @@ def _summary(rows: np.ndarray, order: np.ndarray, count_reduced: bool = False) -
 
 def image_measure(spec: DatasetSpec, length: int) -> ImageMeasure | None:
     names = measured_fields(spec)
-    reduced = frozenset(f.name for f in spec.fields if f.name in names and decodes_reduced(f))
+    reduced = frozenset(f.name for f in spec.fields if decodes_reduced(f))  # rgb_image fields, all measured
     return ImageMeasure(names, length, reduced) if names else None
