@@ -2,11 +2,13 @@
 ``BytesField``, ``JSONField``, ``RGBImageField``): metadata record type, descriptor type id and
 arguments, and ``encode``, the same numpy and cv2 operations in the same order, so a file written
 with them is byte for byte the file ffcv's fields write (tests/unit/fields/test_builtin_encoders.py
-compares each with ffcv's on the same values).
+compares each with ffcv's on the same values). One step differs in how, not in what: the JPEG bytes
+of an RGB image come from libturbojpeg straight from its RGB pixels where each process has proven
+them equal to ``cv2.imencode``'s of the BGR copy ffcv makes (``betonbuild._compat.turbojpeg_encode``).
 
 Why not ffcv's classes: importing any of them imports the ffcv package, and with it torch and
 numba, 2-3 s of one core before a write job's first sample (docs/performance.md), for code that is
-a few numpy assignments and a ``cv2.imencode``. Reading stays ffcv's: these classes have no
+a few numpy assignments and a JPEG encode. Reading stays ffcv's: these classes have no
 decoders, and the file's type ids name ffcv's own classes for its Loader. ``torch_tensor`` and
 ``type: custom`` fields are still written by ffcv's classes (their values or classes are torch's
 and ffcv's anyway).
@@ -18,6 +20,7 @@ import json
 
 import numpy as np
 
+from betonbuild._compat.turbojpeg_encode import encode_jpeg
 from betonbuild.beton.format import (
     BYTES_TYPE_ID,
     FLOAT_TYPE_ID,
@@ -127,18 +130,6 @@ def ffcv_resizer(image: np.ndarray, target_resolution: int | None) -> np.ndarray
 
     size = ffcv_target_size(image.shape[1], image.shape[0], target_resolution)
     return image if size is None else cv2.resize(image, size, interpolation=cv2.INTER_AREA)
-
-
-def encode_jpeg(image: np.ndarray, quality: int) -> np.ndarray:
-    """ffcv's ``encode_jpeg``: RGB to BGR, then OpenCV's JPEG encoder at ``quality``."""
-    import cv2
-
-    success, result = cv2.imencode(
-        ".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [int(cv2.IMWRITE_JPEG_QUALITY), quality]
-    )
-    if not success:
-        raise ValueError("Impossible to encode image in jpeg")
-    return result.reshape(-1)
 
 
 class RGBImageEncoder(BuiltinEncoder):

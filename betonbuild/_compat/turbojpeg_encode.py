@@ -1,0 +1,142 @@
+"""ffcv's JPEG encode (``cv2.imencode`` of the RGB image turned BGR) done by libturbojpeg straight from
+the RGB pixels: the same bytes, without the ``cv2.cvtColor`` copy (5-10% of a JPEG write's encode).
+
+ffcv 1.0.2 encodes with ``cv2.imencode(".jpg", cv2.cvtColor(image, RGB2BGR), [QUALITY, q])``.
+opencv-python 5.0.0.93 bundles libjpeg-turbo 3.1.2 and hands it the BGR rows as ``JCS_EXT_BGR``
+with libjpeg's defaults: 4:2:0, the accurate integer DCT, standard Huffman tables, a JFIF header.
+``tjCompress2`` of the RGB rows (``TJPF_RGB``, ``TJSAMP_420``, ``TJFLAG_ACCURATEDCT``) runs the same
+colour conversion and the same encoder: measured byte-identical on the 20,000 crops of benchmark 3
+and on scikit-image's photos at every quality (tests/unit/compat/test_turbojpeg_encode.py). The
+libturbojpeg is the one ffcv links against (Debian 12's 2.1.5 here), another build than OpenCV's;
+so every process proves the equality before it relies on it: ``encoder(quality)`` encodes a few
+test images both ways at that quality and falls back to cv2 for good if any byte differs, or if
+the library is absent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+
+import numpy as np
+
+from betonbuild._compat import Checked
+from betonbuild._compat.ffcv_ctypes import turbojpeg
+
+CHECKED = (
+    Checked(
+        "opencv-python",
+        "5.0.0.93",
+        why="cv2.imencode's JPEG settings (4:2:0, accurate DCT, no Huffman optimisation) equal tjCompress2's "
+        "with TJSAMP_420 and TJFLAG_ACCURATEDCT: ffcv's JPEG bytes without cv2.cvtColor's copy, 5-10% of the encode",
+    ),
+)
+
+TJPF_RGB, TJSAMP_420 = 0, 2  # turbojpeg.h
+TJFLAG_NOREALLOC, TJFLAG_ACCURATEDCT = 1024, 4096
+
+
+def cv2_encode(image: np.ndarray, quality: int) -> np.ndarray | None:
+    """ffcv's ``encode_jpeg``: RGB to BGR, then OpenCV's JPEG encoder at ``quality``; None if it failed."""
+    import cv2
+
+    success, result = cv2.imencode(
+        ".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [int(cv2.IMWRITE_JPEG_QUALITY), quality]
+    )
+    return result.reshape(-1) if success else None
+
+
+class TurboJPEGEncoder:
+    """``tjCompress2`` of HxWx3 uint8 RGB images into one reused buffer; ``encode`` returns a view of
+    it, valid until the next call. One per process: a handle is not shared across threads."""
+
+    def __init__(self, lib):
+        self.lib = lib
+        lib.tjInitCompress.restype = ctypes.c_void_p
+        lib.tjBufSize.restype = ctypes.c_ulong
+        lib.tjBufSize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.tjCompress2.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_ulong),
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
+        self.handle = lib.tjInitCompress()
+        self.buffer = np.empty(0, np.uint8)
+        self.pointer, self.size = ctypes.c_void_p(), ctypes.c_ulong()
+
+    def encode(self, image: np.ndarray, quality: int) -> np.ndarray | None:
+        """The JPEG bytes of ``image`` (RGB) at ``quality``; None if libturbojpeg refused it."""
+        height, width = image.shape[:2]
+        if image.strides[1:] != (3, 1):
+            image = np.ascontiguousarray(image)
+        needed = self.lib.tjBufSize(width, height, TJSAMP_420)
+        if self.buffer.size < needed:
+            self.buffer = np.empty(needed, np.uint8)
+        self.pointer.value, self.size.value = self.buffer.ctypes.data, self.buffer.size
+        failed = self.lib.tjCompress2(
+            self.handle,
+            image.ctypes.data,
+            width,
+            image.strides[0],
+            height,
+            TJPF_RGB,
+            ctypes.byref(self.pointer),
+            ctypes.byref(self.size),
+            TJSAMP_420,
+            quality,
+            TJFLAG_NOREALLOC | TJFLAG_ACCURATEDCT,
+        )
+        return None if failed else self.buffer[: self.size.value]
+
+
+def proof_images() -> list[np.ndarray]:
+    """Images that exercise what could differ: noise (every coefficient), a gradient (smooth blocks,
+    rounding), odd sizes (edge padding of the 16x16 blocks of 4:2:0), a strided view (the pitch)."""
+    rng = np.random.default_rng(18)
+    noise = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    y, x = np.mgrid[0:48, 0:71]
+    gradient = np.stack([x * 3, y * 5, (x + y) * 2], axis=-1).astype(np.uint8)
+    wide = rng.integers(0, 256, (9, 40, 3), dtype=np.uint8)
+    return [noise, gradient, wide[:, 5:37], np.zeros((1, 1, 3), np.uint8)]
+
+
+@cache
+def _proven(quality: int, pid: int) -> TurboJPEGEncoder | None:
+    """This process's encoder, once it gave cv2's bytes for every proof image at ``quality``; else None."""
+    lib = turbojpeg()
+    if lib is None:
+        return None
+    encoder = TurboJPEGEncoder(lib)
+    if not encoder.handle:
+        return None
+    for image in proof_images():
+        ours, theirs = encoder.encode(image, quality), cv2_encode(image, quality)
+        if ours is None or theirs is None or not np.array_equal(ours, theirs):
+            return None
+    return encoder
+
+
+def encode_jpeg(image: np.ndarray, quality: int) -> np.ndarray:
+    """ffcv's JPEG bytes of the RGB ``image``: libturbojpeg's where it is proven to give them, else
+    cv2's. The result may be a view of a buffer reused by the next call: copy it before encoding again."""
+    encoder = _proven(quality, os.getpid())  # a forked worker proves its own (fresh handle, same answer)
+    result = encoder.encode(image, quality) if encoder is not None else None
+    if result is None:
+        result = cv2_encode(image, quality)
+    if result is None:
+        raise ValueError("Impossible to encode image in jpeg")
+    return result
+
+
+def encoder_in_use(quality: int = 90) -> str:
+    """Which encoder ``encode_jpeg`` uses in this process, for records and tests."""
+    return "libturbojpeg tjCompress2" if _proven(quality, os.getpid()) is not None else "cv2.imencode"
