@@ -1,5 +1,6 @@
 """ffcv's JPEG encode (``cv2.imencode`` of the RGB image turned BGR) done by libturbojpeg straight from
-the RGB pixels: the same bytes, without the ``cv2.cvtColor`` copy (5-10% of a JPEG write's encode).
+the RGB pixels: the same bytes, without the ``cv2.cvtColor`` copy (4-7% less encode CPU, measured in
+an alternating two-process run over benchmark 3's crops at e643e06).
 
 ffcv 1.0.2 encodes with ``cv2.imencode(".jpg", cv2.cvtColor(image, RGB2BGR), [QUALITY, q])``.
 opencv-python 5.0.0.93 bundles libjpeg-turbo 3.1.2 and hands it the BGR rows as ``JCS_EXT_BGR``
@@ -8,15 +9,16 @@ with libjpeg's defaults: 4:2:0, the accurate integer DCT, standard Huffman table
 colour conversion and the same encoder: measured byte-identical on the 20,000 crops of benchmark 3
 and on scikit-image's photos at every quality (tests/unit/compat/test_turbojpeg_encode.py). The
 libturbojpeg is the one ffcv links against (Debian 12's 2.1.5 here), another build than OpenCV's;
-so every process proves the equality before it relies on it: ``encoder(quality)`` encodes a few
-test images both ways at that quality and falls back to cv2 for good if any byte differs, or if
-the library is absent.
+so every process (and thread) proves the equality before it relies on it: ``encode_jpeg`` first
+encodes a few test images both ways at that quality and falls back to cv2 for good if any byte
+differs, or if the library is absent.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from functools import cache
 
 import numpy as np
@@ -29,7 +31,7 @@ CHECKED = (
         "opencv-python",
         "5.0.0.93",
         why="cv2.imencode's JPEG settings (4:2:0, accurate DCT, no Huffman optimisation) equal tjCompress2's "
-        "with TJSAMP_420 and TJFLAG_ACCURATEDCT: ffcv's JPEG bytes without cv2.cvtColor's copy, 5-10% of the encode",
+        "with TJSAMP_420 and TJFLAG_ACCURATEDCT: ffcv's JPEG bytes without cv2.cvtColor's copy, 4-7% of the encode CPU",
     ),
 )
 
@@ -49,7 +51,8 @@ def cv2_encode(image: np.ndarray, quality: int) -> np.ndarray | None:
 
 class TurboJPEGEncoder:
     """``tjCompress2`` of HxWx3 uint8 RGB images into one reused buffer; ``encode`` returns a view of
-    it, valid until the next call. One per process: a handle is not shared across threads."""
+    it, valid until the next call. One per thread of each process (``_proven``'s key): a handle and
+    its buffer serve one caller at a time."""
 
     def __init__(self, lib):
         self.lib = lib
@@ -110,8 +113,8 @@ def proof_images() -> list[np.ndarray]:
 
 
 @cache
-def _proven(quality: int, pid: int) -> TurboJPEGEncoder | None:
-    """This process's encoder, once it gave cv2's bytes for every proof image at ``quality``; else None."""
+def _proven(quality: int, pid: int, thread: int) -> TurboJPEGEncoder | None:
+    """This thread's encoder, once it gave cv2's bytes for every proof image at ``quality``; else None."""
     lib = turbojpeg()
     if lib is None:
         return None
@@ -128,7 +131,7 @@ def _proven(quality: int, pid: int) -> TurboJPEGEncoder | None:
 def encode_jpeg(image: np.ndarray, quality: int) -> np.ndarray:
     """ffcv's JPEG bytes of the RGB ``image``: libturbojpeg's where it is proven to give them, else
     cv2's. The result may be a view of a buffer reused by the next call: copy it before encoding again."""
-    encoder = _proven(quality, os.getpid())  # a forked worker proves its own (fresh handle, same answer)
+    encoder = _encoder(quality)
     result = encoder.encode(image, quality) if encoder is not None else None
     if result is None:
         result = cv2_encode(image, quality)
@@ -138,5 +141,10 @@ def encode_jpeg(image: np.ndarray, quality: int) -> np.ndarray:
 
 
 def encoder_in_use(quality: int = 90) -> str:
-    """Which encoder ``encode_jpeg`` uses in this process, for records and tests."""
-    return "libturbojpeg tjCompress2" if _proven(quality, os.getpid()) is not None else "cv2.imencode"
+    """Which encoder ``encode_jpeg`` uses in this thread (for tests and troubleshooting)."""
+    return "libturbojpeg tjCompress2" if _encoder(quality) is not None else "cv2.imencode"
+
+
+def _encoder(quality: int) -> TurboJPEGEncoder | None:
+    # The pid too: a forked child's thread keeps its parent's ident, and proves its own (fresh handle).
+    return _proven(quality, os.getpid(), threading.get_ident())

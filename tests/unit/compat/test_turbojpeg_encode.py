@@ -69,10 +69,30 @@ def test_a_refused_image_falls_back_to_cv2_and_then_to_ffcvs_error(monkeypatch):
     monkeypatch.setattr(
         turbojpeg_encode,
         "_proven",
-        lambda quality, pid: turbojpeg_encode.TurboJPEGEncoder(turbojpeg_encode.turbojpeg()),
+        lambda quality, pid, thread: turbojpeg_encode.TurboJPEGEncoder(turbojpeg_encode.turbojpeg()),
     )
     image = colour_photos()["chelsea"][:40, :40]
     assert encode_jpeg(image, 90).tobytes() == cv2_encode(image, 90).tobytes()
     monkeypatch.setattr(turbojpeg_encode, "cv2_encode", lambda image, quality: None)
     with pytest.raises(ValueError, match="Impossible to encode image in jpeg"):
         encode_jpeg(image, 90)
+
+
+def test_each_thread_encodes_with_its_own_handle_and_buffer():
+    """Threads encoding at once each get cv2's bytes: no handle or buffer is shared between them."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    together = threading.Barrier(4)  # four threads at once, none reused for a second call
+    photo = colour_photos()["astronaut"]
+    images = [photo[k * 20 : k * 20 + 150, k * 25 : k * 25 + 170] for k in range(12)]
+
+    def encode_all(_):
+        together.wait(timeout=30)
+        return turbojpeg_encode._encoder(90), [encode_jpeg(image, 90).tobytes() for image in images]
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(encode_all, range(4)))
+    expected = [cv2_encode(image, 90).tobytes() for image in images]
+    assert all(encoded == expected for _, encoded in results)
+    assert len({id(encoder) for encoder, _ in results}) == 4
