@@ -9,21 +9,32 @@ with libjpeg's defaults: 4:2:0, the accurate integer DCT, standard Huffman table
 colour conversion and the same encoder: measured byte-identical on the 20,000 crops of benchmark 3
 and on scikit-image's photos at every quality (tests/unit/compat/test_turbojpeg_encode.py). The
 libturbojpeg is the one ffcv links against (Debian 12's 2.1.5 here), another build than OpenCV's;
-so every process (and thread) proves the equality before it relies on it: ``encode_jpeg`` first
-encodes a few test images both ways at that quality and falls back to cv2 for good if any byte
-differs, or if the library is absent.
+so a process proves the equality before it relies on it: ``encode_jpeg`` first encodes a few test
+images with libturbojpeg at that quality and compares the bytes with cv2's, and falls back to cv2
+for good if any byte differs, or if the library is absent.
+
+cv2's side of the proof is read from ``cv2_jpeg_digests`` (cv2's bytes of the same images at every
+quality, recorded with the opencv-python whose version it names) when the installed opencv-python is
+that version: a write worker then never imports cv2 (0.13 s of each worker's core, 4-5% of
+benchmark 3's write). Any other version: cv2 encodes the images there and then. The verdict is kept
+per quality and inherited by forked workers (the writer's parent proves it as it builds the fields,
+``prove``); each thread encodes with its own handle and buffer, and a forked child makes its own.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import importlib.util
 import os
+import re
 import threading
 from functools import cache
 
 import numpy as np
 
 from betonbuild._compat import Checked
+from betonbuild._compat.cv2_jpeg_digests import CV2_JPEG_DIGESTS, RECORDED_WITH
 from betonbuild._compat.ffcv_ctypes import turbojpeg
 
 CHECKED = (
@@ -72,9 +83,15 @@ class TurboJPEGEncoder:
             ctypes.c_int,
             ctypes.c_int,
         ]
+        lib.tjDestroy.argtypes = [ctypes.c_void_p]
         self.handle = lib.tjInitCompress()
         self.buffer = np.empty(0, np.uint8)
         self.pointer, self.size = ctypes.c_void_p(), ctypes.c_ulong()
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            self.lib.tjDestroy(self.handle)
+            self.handle = None
 
     def encode(self, image: np.ndarray, quality: int) -> np.ndarray | None:
         """The JPEG bytes of ``image`` (RGB) at ``quality``; None if libturbojpeg refused it."""
@@ -112,20 +129,66 @@ def proof_images() -> list[np.ndarray]:
     return [noise, gradient, wide[:, 5:37], np.zeros((1, 1, 3), np.uint8)]
 
 
+def proof_digest(encoded: list[np.ndarray]) -> str:
+    """One digest of the proof images' JPEG bytes, in order (``cv2_jpeg_digests`` records cv2's)."""
+    digest = hashlib.sha256()
+    for jpeg in encoded:
+        digest.update(len(jpeg).to_bytes(8, "little"))
+        digest.update(jpeg.tobytes())
+    return digest.hexdigest()[:32]
+
+
+def installed_opencv_version() -> str | None:
+    """The installed cv2's ``opencv_version``, read from its ``version.py`` without importing cv2."""
+    spec = importlib.util.find_spec("cv2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "version.py")
+    try:
+        with open(path) as fh:
+            found = re.search(r'^opencv_version = "([^"]+)"', fh.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def cv2_proof_digest(quality: int) -> str:
+    """``proof_digest`` of cv2's bytes of the proof images at ``quality``: recorded for the installed
+    opencv-python, else encoded by cv2 now ("" if cv2 refused one)."""
+    if installed_opencv_version() == RECORDED_WITH and quality in CV2_JPEG_DIGESTS:
+        return CV2_JPEG_DIGESTS[quality]
+    theirs = [cv2_encode(image, quality) for image in proof_images()]
+    return "" if any(jpeg is None for jpeg in theirs) else proof_digest(theirs)
+
+
 @cache
-def _proven(quality: int, pid: int, thread: int) -> TurboJPEGEncoder | None:
-    """This thread's encoder, once it gave cv2's bytes for every proof image at ``quality``; else None."""
+def prove(quality: int) -> bool:
+    """Whether libturbojpeg gives cv2's bytes of every proof image at ``quality`` in this process (a
+    forked child inherits the answer: the same library at the same address)."""
     lib = turbojpeg()
     if lib is None:
-        return None
+        return False
     encoder = TurboJPEGEncoder(lib)
     if not encoder.handle:
-        return None
+        return False
+    ours = []
     for image in proof_images():
-        ours, theirs = encoder.encode(image, quality), cv2_encode(image, quality)
-        if ours is None or theirs is None or not np.array_equal(ours, theirs):
-            return None
-    return encoder
+        jpeg = encoder.encode(image, quality)
+        if jpeg is None:
+            return False
+        ours.append(jpeg.copy())  # the next encode reuses the buffer
+    return proof_digest(ours) == cv2_proof_digest(quality)
+
+
+_threads = threading.local()  # ``encoder``: this thread's TurboJPEGEncoder
+
+
+def _forget_encoders() -> None:
+    global _threads
+    _threads = threading.local()  # a forked child makes its own handles and buffers
+
+
+os.register_at_fork(after_in_child=_forget_encoders)
 
 
 def encode_jpeg(image: np.ndarray, quality: int) -> np.ndarray:
@@ -146,5 +209,28 @@ def encoder_in_use(quality: int = 90) -> str:
 
 
 def _encoder(quality: int) -> TurboJPEGEncoder | None:
-    # The pid too: a forked child's thread keeps its parent's ident, and proves its own (fresh handle).
-    return _proven(quality, os.getpid(), threading.get_ident())
+    """This thread's encoder, if libturbojpeg is proven at ``quality``; else None."""
+    if not prove(quality):
+        return None
+    encoder = getattr(_threads, "encoder", None)
+    if encoder is None:
+        encoder = _threads.encoder = TurboJPEGEncoder(turbojpeg())
+    return encoder if encoder.handle else None
+
+
+def digests_module(path: str) -> None:
+    """Records cv2's proof digests at every quality with the installed cv2 into ``path``
+    (``cv2_jpeg_digests.py``): run after the opencv-python pin moves."""
+    with open(path) as fh:
+        text = fh.read()
+    head, _, _ = text.partition("CV2_JPEG_DIGESTS")
+    head = re.sub(r'RECORDED_WITH = "[^"]*"', f'RECORDED_WITH = "{installed_opencv_version()}"', head)
+    rows = []
+    for quality in range(1, 101):
+        rows.append(f'    {quality}: "{proof_digest([cv2_encode(image, quality) for image in proof_images()])}",')
+    with open(path, "w") as fh:
+        fh.write(head + "CV2_JPEG_DIGESTS: dict[int, str] = {\n" + "\n".join(rows) + "\n}\n")
+
+
+if __name__ == "__main__":
+    digests_module(os.path.join(os.path.dirname(__file__), "cv2_jpeg_digests.py"))

@@ -20,7 +20,7 @@ import json
 
 import numpy as np
 
-from betonbuild._compat.turbojpeg_encode import encode_jpeg
+from betonbuild._compat.turbojpeg_encode import encode_jpeg, prove
 from betonbuild.beton.format import (
     BYTES_TYPE_ID,
     FLOAT_TYPE_ID,
@@ -126,10 +126,12 @@ def ffcv_target_size(width: int, height: int, target_resolution: int | None) -> 
 def ffcv_resizer(image: np.ndarray, target_resolution: int | None) -> np.ndarray:
     """ffcv's ``ffcv.fields.rgb_image.resizer`` (tests/unit/fields/test_rgb_image_resize.py compares
     both on many sizes): the longest side to ``target_resolution`` by INTER_AREA, never enlarged."""
-    import cv2
-
     size = ffcv_target_size(image.shape[1], image.shape[0], target_resolution)
-    return image if size is None else cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+    if size is None:
+        return image
+    import cv2  # here: a write that resizes nothing never imports it (0.13 s of each worker's core)
+
+    return cv2.resize(image, size, interpolation=cv2.INTER_AREA)
 
 
 class RGBImageEncoder(BuiltinEncoder):
@@ -148,6 +150,8 @@ class RGBImageEncoder(BuiltinEncoder):
     ):
         self.write_mode, self.max_resolution, self.smart_threshold = write_mode, max_resolution, smart_threshold
         self.jpeg_quality, self.proportion = int(jpeg_quality), compress_probability
+        if write_mode != "raw":
+            prove(self.jpeg_quality)  # in the writer's parent: its forked workers inherit the verdict
 
     def encode(self, destination, image, malloc) -> None:
         if type(image).__module__.startswith("PIL."):

@@ -81,6 +81,7 @@ MIN_PAGE_SIZE = 1 << 21  # ffcv's bounds: 2 MiB, the most common huge page
 MAX_PAGE_SIZE = 1 << 32  # the largest that does not overflow the header's <u4
 ALLOCATIONS_PER_FLUSH = 1 << 16  # records a worker gathers before moving them to its file (1.5 MiB)
 RELEASE_EVERY = 1 << 16  # samples a worker writes between releases of its table pages
+COUNT_EVERY = 64  # samples a worker writes between additions to the shared done-counter (a lock each)
 TABLE_BLOCK = 64 << 20  # bytes of the metadata table the parent copies into the file at a time
 ERROR_GRACE_SECONDS = 1.0  # after a first failure, wait this long for failures at smaller indices
 TERMINATE_GRACE_SECONDS = 3.0
@@ -145,7 +146,7 @@ def _worker_job(
         metadata = np.frombuffer(metadata_sm.buf, dtype=record_type)
         columns = [metadata[name] for name in record_type.names]
         allocator.__enter__()
-        written = 0
+        written = counted = 0
         while (item := _take(next_item)) < plan.num_items:
             destinations, sources = plan.item(item)
             for dest_ix, source_ix in zip(destinations, sources):
@@ -159,8 +160,11 @@ def _worker_job(
                     _stop_after_skips(skips[1])
                 if len(allocator.allocations) >= ALLOCATIONS_PER_FLUSH:
                     _move_allocations(allocator, allocation_fd)
-                with done_number.get_lock():  # per sample: a work item may be a whole shard
-                    done_number.value += 1
+                if written - counted == COUNT_EVERY:  # within an item too: an item may be a whole shard
+                    _count_done(done_number, written - counted)
+                    counted = written
+            _count_done(done_number, written - counted)
+            counted = written
         allocator.__exit__(None, None, None)
         _move_allocations(allocator, allocation_fd)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
@@ -214,6 +218,13 @@ def write_table(fp, metadata_sm: shared_memory.SharedMemory, blocks) -> None:
                 fp.write(table[at:end])
                 aligned = at - at % mmap.PAGESIZE
                 release_table_pages(metadata_sm, aligned, end - aligned)
+
+
+def _count_done(done_number, samples: int) -> None:
+    """Adds ``samples`` written to the counter that the parent's progress and its end wait on."""
+    if samples:
+        with done_number.get_lock():
+            done_number.value += samples
 
 
 def _take(counter) -> int:

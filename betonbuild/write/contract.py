@@ -21,12 +21,14 @@ from betonbuild.errors import SampleError
 from betonbuild.fields import field_kind
 from betonbuild.fields.kind import describe
 
-__all__ = ["check_sample", "check_value", "describe", "sample_to_tuple"]
+__all__ = ["SampleContract", "check_sample", "check_value", "describe", "sample_to_tuple"]
 
 
 def sample_to_tuple(spec: DatasetSpec, sample: Any, index: int) -> tuple:
     """Map one source sample onto the field order: tuples by position, dicts by name (never by iteration)."""
     names = spec.field_names
+    if type(sample) is tuple and len(sample) == len(names):
+        return sample  # the common case, before the slower isinstance of an ABC (a sample each)
     if isinstance(sample, Mapping):
         keys = list(spec.sample_keys) if spec.sample_keys is not None else names
         missing = [k for k in keys if k not in sample]
@@ -74,8 +76,30 @@ def check_sample(spec: DatasetSpec, sample: Any, index: int) -> tuple:
     return tuple(check_value(spec.name, f, v, index) for f, v in zip(spec.fields, values))
 
 
-def check_value(dataset: str, field: FieldSpec, value: Any, index: int) -> Any:
-    def fail(why: str, fix: str = "") -> SampleError:
-        return SampleError(dataset, field.name, index, why, fix)
+class SampleContract:
+    """``check_sample`` of one dataset with each field's check looked up once: a write calls it per sample."""
 
-    return field_kind(field).check(field, value, fail)
+    def __init__(self, spec: DatasetSpec):
+        self.spec = spec
+        self.checks = tuple((field, field_kind(field).check) for field in spec.fields)
+
+    def __call__(self, sample: Any, index: int) -> tuple:
+        values = sample_to_tuple(self.spec, sample, index)
+        dataset = self.spec.name
+        return tuple(
+            [
+                check(field, value, _failing(dataset, field.name, index))
+                for (field, check), value in zip(self.checks, values)
+            ]
+        )
+
+
+def _failing(dataset: str, field: str, index: int):
+    def fail(why: str, fix: str = "") -> SampleError:
+        return SampleError(dataset, field, index, why, fix)
+
+    return fail
+
+
+def check_value(dataset: str, field: FieldSpec, value: Any, index: int) -> Any:
+    return field_kind(field).check(field, value, _failing(dataset, field.name, index))

@@ -32,7 +32,7 @@ from betonbuild.errors import SampleError, SourceError, WriteError
 from betonbuild.fields import build_fields
 from betonbuild.fields.kept_jpeg import keep_failure, keep_tally, keeps_source_jpeg, reason_of, resolve_source_jpeg
 from betonbuild.write.beton_writer import BetonWriter, WorkerFailure
-from betonbuild.write.contract import check_sample, sample_to_tuple
+from betonbuild.write.contract import SampleContract, sample_to_tuple
 from betonbuild.write.image_measure import image_measure
 from betonbuild.write.progress import Progress
 from betonbuild.write.skips import SkipLimit, SkippedSample, record_entry, sample_location, skipped_from_error
@@ -57,6 +57,7 @@ class CheckedDataset:
         # ``source_jpeg: keep``: why each image was kept or re-encoded, shared with the forked workers
         self.keep_tally = keep_tally(spec, len(source))
         self._keeping = [(i, f) for i, f in enumerate(spec.fields) if keeps_source_jpeg(f)]
+        self.check_sample = SampleContract(spec)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -91,11 +92,11 @@ class CheckedDataset:
             # so the choice of JPEG vs raw is reproducible.
             np.random.seed((self.spec.writer.seed * 1_000_003 + index) % 2**32)
         if not self._keeping:
-            return check_sample(self.spec, sample, index)
+            return self.check_sample(sample, index)
         raw = list(sample_to_tuple(self.spec, sample, index))
         for column, field in self._keeping:
             raw[column] = resolve_source_jpeg(field, raw[column], keep_failure(self.spec.name, field.name, index))
-        values = check_sample(self.spec, tuple(raw), index)
+        values = self.check_sample(tuple(raw), index)
         for column, field in self._keeping:
             self.keep_tally.record(field.name, index, reason_of(raw[column], values[column]))
         return values
