@@ -154,10 +154,10 @@ class RGBImageEncoder(BuiltinEncoder):
             prove(self.jpeg_quality)  # in the writer's parent: its forked workers inherit the verdict
 
     def encode(self, destination, image, malloc) -> None:
-        if type(image).__module__.startswith("PIL."):
-            image = np.array(image)
         if not isinstance(image, np.ndarray):
-            raise TypeError(f"Unsupported image type {type(image)}")
+            if not type(image).__module__.startswith("PIL."):
+                raise TypeError(f"Unsupported image type {type(image)}")
+            image = np.array(image)
         if image.dtype != np.uint8:
             raise ValueError("Image type has to be uint8")
         if image.shape[2] != 3:
