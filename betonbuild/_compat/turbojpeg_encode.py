@@ -152,13 +152,18 @@ def installed_opencv_version() -> str | None:
     return found.group(1) if found else None
 
 
-def cv2_proof_digest(quality: int) -> str:
-    """``proof_digest`` of cv2's bytes of the proof images at ``quality``: recorded for the installed
-    opencv-python, else encoded by cv2 now ("" if cv2 refused one)."""
-    if installed_opencv_version() == RECORDED_WITH and quality in CV2_JPEG_DIGESTS:
-        return CV2_JPEG_DIGESTS[quality]
+def live_cv2_proof_digest(quality: int) -> str:
+    """``proof_digest`` of the proof images as the installed cv2 encodes them now ("" if it refused one)."""
     theirs = [cv2_encode(image, quality) for image in proof_images()]
     return "" if any(jpeg is None for jpeg in theirs) else proof_digest(theirs)
+
+
+def cv2_proof_digest(quality: int) -> str:
+    """``proof_digest`` of cv2's bytes of the proof images at ``quality``: recorded for the installed
+    opencv-python, else encoded by cv2 now."""
+    if installed_opencv_version() == RECORDED_WITH and quality in CV2_JPEG_DIGESTS:
+        return CV2_JPEG_DIGESTS[quality]
+    return live_cv2_proof_digest(quality)
 
 
 @cache
@@ -225,9 +230,7 @@ def digests_module(path: str) -> None:
         text = fh.read()
     head, _, _ = text.partition("CV2_JPEG_DIGESTS")
     head = re.sub(r'RECORDED_WITH = "[^"]*"', f'RECORDED_WITH = "{installed_opencv_version()}"', head)
-    rows = []
-    for quality in range(1, 101):
-        rows.append(f'    {quality}: "{proof_digest([cv2_encode(image, quality) for image in proof_images()])}",')
+    rows = [f'    {quality}: "{live_cv2_proof_digest(quality)}",' for quality in range(1, 101)]
     with open(path, "w") as fh:
         fh.write(head + "CV2_JPEG_DIGESTS: dict[int, str] = {\n" + "\n".join(rows) + "\n}\n")
 

@@ -292,13 +292,32 @@ def _reduced_pil_file(field: FieldSpec, value: Any, fail: Fail) -> Any:
 
 
 def _as_rgb_array(field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
-    """A PIL image or an array as uint8 HxWx3 (converted only with ``image_mode: convert``)."""
-    if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 3 and value.shape[2] == 3:
-        return value  # already one: before the import below (a sample each: ~1% of a JPEG write's worker time)
-    from PIL import Image
-
+    """A PIL image or an array as uint8 HxWx3 (converted only with ``image_mode: convert``). PIL is
+    imported only where it is needed: the import statement, run once a sample, cost ~1% of a JPEG
+    write's worker time for arrays that need nothing."""
     convert = field.options.get("image_mode") == "convert"
     convert_hint = "add `image_mode: convert` to the field to convert with PIL .convert('RGB')"
+    if isinstance(value, np.ndarray):
+        if value.dtype != np.uint8:
+            raise fail(f"image is {describe(value)}; RGB images are uint8", "convert to uint8 HxWx3 in your dataset")
+        if value.ndim == 3 and value.shape[0] == 3 and value.shape[2] != 3:
+            raise fail(f"image is {describe(value)}, which looks channels-first (CHW)", "use value.transpose(1, 2, 0)")
+        if value.ndim != 3 or value.shape[2] != 3:
+            channels = 1 if value.ndim == 2 else value.shape[2] if value.ndim == 3 else None
+            if not convert or channels not in (1, 4):
+                raise fail(
+                    f"image is {describe(value)}; expected HxWx3 RGB",
+                    convert_hint if channels in (1, 4) else "reduce it to 3 channels (RGB) in the adapter",
+                )
+            from PIL import Image
+
+            # HxW / HxWx1 are grey (mode L), HxWx4 is RGBA: the conversions PIL's .convert("RGB") defines.
+            value = np.asarray(
+                Image.fromarray(value.reshape(value.shape[:2]) if channels == 1 else value).convert("RGB")
+            )
+        return value
+    from PIL import Image
+
     if isinstance(value, Image.Image):
         if value.mode != "RGB":
             _refuse_high_depth(value, fail)  # before the hint: `image_mode: convert` would clip it
@@ -312,23 +331,6 @@ def _as_rgb_array(field: FieldSpec, value: Any, fail: Fail) -> np.ndarray:
                     "convert it to RGB in an adapter (a python source), or save the files as RGB",
                 ) from None
         return np.asarray(value)
-    if isinstance(value, np.ndarray):
-        if value.dtype != np.uint8:
-            raise fail(f"image is {describe(value)}; RGB images are uint8", "convert to uint8 HxWx3 in your dataset")
-        if value.ndim == 3 and value.shape[0] == 3 and value.shape[2] != 3:
-            raise fail(f"image is {describe(value)}, which looks channels-first (CHW)", "use value.transpose(1, 2, 0)")
-        if value.ndim != 3 or value.shape[2] != 3:
-            channels = 1 if value.ndim == 2 else value.shape[2] if value.ndim == 3 else None
-            if not convert or channels not in (1, 4):
-                raise fail(
-                    f"image is {describe(value)}; expected HxWx3 RGB",
-                    convert_hint if channels in (1, 4) else "reduce it to 3 channels (RGB) in the adapter",
-                )
-            # HxW / HxWx1 are grey (mode L), HxWx4 is RGBA: the conversions PIL's .convert("RGB") defines.
-            value = np.asarray(
-                Image.fromarray(value.reshape(value.shape[:2]) if channels == 1 else value).convert("RGB")
-            )
-        return value
     if type(value).__module__ == "torch":
         raise fail(
             f"image is a {describe(value)}",

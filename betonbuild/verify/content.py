@@ -26,7 +26,7 @@ from betonbuild.fields.reduced_decode import decodes_reduced, reduces
 from betonbuild.mapped_pages import release_mapped
 from betonbuild.verify.images import DecoderCount, StoredImages, decode_source_image
 from betonbuild.verify.measured import decoder_count
-from betonbuild.write.contract import check_sample, check_value
+from betonbuild.write.contract import SampleContract, check_value
 
 CHUNK_ROWS = 4096  # positions compared at once: bounds the memory of the vectorised comparison
 MIN_TASK_ROWS, MAX_TASK_ROWS = 16, 256  # positions per pool task when every sample is decoded
@@ -50,6 +50,10 @@ class Context:
     tolerance: float
     # field -> its statistics as the write measured them (``verify.measured``): not compared again
     measured: dict[str, dict] = dc_field(default_factory=dict)
+    check_sample: SampleContract = dc_field(init=False)  # the sample contract, as the writer applied it
+
+    def __post_init__(self) -> None:
+        self.check_sample = SampleContract(self.spec)
 
     @classmethod
     def build(cls, beton, spec, source, indices, mode, threads, measured: dict | None = None) -> Context:
@@ -241,7 +245,7 @@ def _fetch(ctx: Context, index: int, fetched_fixed: list[tuple[int, Any]], selec
         values = ctx.source.some_fields(index, [i for i, _ in fetched_fixed])
         if values is not None:
             return {i: check_value(ctx.spec.name, f, values[i], index) for i, f in fetched_fixed}
-    return check_sample(ctx.spec, ctx.source[index], index)
+    return ctx.check_sample(ctx.source[index], index)
 
 
 def _count(stats: dict, mismatch: bool) -> None:

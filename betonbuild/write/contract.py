@@ -72,12 +72,12 @@ def sample_to_tuple(spec: DatasetSpec, sample: Any, index: int) -> tuple:
 
 def check_sample(spec: DatasetSpec, sample: Any, index: int) -> tuple:
     """Map and check a whole sample; returns the values ffcv will encode, in field order."""
-    values = sample_to_tuple(spec, sample, index)
-    return tuple(check_value(spec.name, f, v, index) for f, v in zip(spec.fields, values))
+    return SampleContract(spec)(sample, index)
 
 
 class SampleContract:
-    """``check_sample`` of one dataset with each field's check looked up once: a write calls it per sample."""
+    """``check_sample`` of one dataset with each field's check looked up once: the write and the
+    verification call it once a sample."""
 
     def __init__(self, spec: DatasetSpec):
         self.spec = spec
