@@ -73,6 +73,7 @@ from betonbuild.beton.descriptors import field_descriptors, header_record, metad
 from betonbuild.beton.format import ALLOC_TABLE_TYPE, HEADER_TYPE
 from betonbuild.errors import WriteError
 from betonbuild.mapped_pages import release_mapped
+from betonbuild.write.data_sync import DataSync
 from betonbuild.write.pages import PageAllocator, encode_sample
 from betonbuild.write.skips import kept_blocks, renumber
 from betonbuild.write.workplan import WorkPlan
@@ -272,6 +273,7 @@ class BetonWriter:
         self.skipped: list = []
         self.skip_queue: Queue | None = None
         self.metadata_sm = None
+        self.data_sync: DataSync | None = None  # the pages made durable as they are written
         self.error_queue: Queue = Queue()
         self.watch = watch or (lambda: None)  # called by the parent loop: an exception raised there ends the write
 
@@ -317,8 +319,10 @@ class BetonWriter:
         ]
         for p in self.processes:
             p.start()
+        self.data_sync = DataSync(self.fname, lambda: allocator.next_page_allocated.value).start()
         self._wait_for_workers(done_number)
         self._join_workers()
+        self.data_sync.stop()
         self.finalize(self.allocation_logs)
 
     def _wait_for_workers(self, done_number) -> None:
@@ -426,6 +430,8 @@ class BetonWriter:
     def shutdown(self) -> None:
         """Ends every worker and releases the shared memory, whatever state the write is in."""
         # A start() interrupted by a signal leaves a Process that never ran: nothing to end.
+        if self.data_sync is not None:
+            self.data_sync.stop(wait=False)
         started = [p for p in getattr(self, "processes", []) if p.pid is not None]
         for p in started:
             if p.exitcode is None:
