@@ -3,7 +3,7 @@ the file is published (``betonbuild.atomic``) waits for the last pages only.
 
 The workers start each page's writeback as they write it (``pages.start_writeback``), but that
 does not make it durable: the fsync at the end still waited for the disk to commit every page of
-the file. On this project's 2-core VM that was 0.17-0.45 s per 380 MB JPEG write (benchmark 3,
+the file. On this project's 2-core VM that was 0.17-0.34 s per 380 MB JPEG write (benchmark 3,
 ``strace -T`` at be95576), 4-8% of the write, spent with both cores idle. A thread of the writer's
 parent, which only watches the workers, calls ``fdatasync`` on the file whenever the workers have
 started new pages, at most every ``interval`` seconds: the disk commits the file as it grows, the

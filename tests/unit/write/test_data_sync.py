@@ -14,15 +14,7 @@ from betonbuild.write import data_sync
 from betonbuild.write.data_sync import DataSync
 from betonbuild.write.writer import write_beton
 from tests.unit.write.test_bounded_memory import Rows, rows_spec
-
-
-def _wait_for(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
+from tests.unit.write.test_shm_reclaim import wait_for
 
 
 def test_syncs_when_pages_were_started_and_only_then(tmp_path, monkeypatch):
@@ -36,11 +28,11 @@ def test_syncs_when_pages_were_started_and_only_then(tmp_path, monkeypatch):
         time.sleep(0.1)  # twenty intervals, no new page
         assert synced == []
         pages[0] = 3
-        assert _wait_for(lambda: len(synced) == 1)
+        wait_for(lambda: len(synced) == 1, 10, "a sync after new pages")
         time.sleep(0.1)
         assert len(synced) == 1  # nothing new since
         pages[0] = 4
-        assert _wait_for(lambda: len(synced) == 2)
+        wait_for(lambda: len(synced) == 2, 10, "a sync after another page")
     finally:
         sync.stop()
     assert set(synced) == {path.stat().st_ino}  # the file itself
@@ -92,7 +84,7 @@ def test_a_file_system_error_ends_the_thread_quietly(tmp_path, monkeypatch):
 
     monkeypatch.setattr(data_sync, "SYNC", refuse)
     sync = DataSync(str(path), itertools.count().__next__, interval=0.005).start()
-    assert _wait_for(lambda: not sync._thread.is_alive())
+    wait_for(lambda: not sync._thread.is_alive(), 10, "the thread to end")
     sync.stop()
 
 
