@@ -10,7 +10,7 @@ What a job holds in RAM:
   + the sample order one int64 per sample
   write, smoke       + the metadata table in shared memory (samples x record size); the smoke
                      stage holds the whole dataset's order beside its own samples' table
-                     + per worker (the job's threads) one page buffer and one forked process
+                     + per worker (the job's threads) two page buffers and one forked process
                      (the work plan is the order itself; allocation records go to temp files)
                      an iterable: one part's samples as yielded, then the merge of the parts
   verify(_smoke)     + a flag or two per position, + the windows its passes read of the mapped
@@ -44,7 +44,8 @@ from betonbuild.verify import CHUNK_ROWS, resolve_mode
 
 MB = 1 << 20
 PROCESS_MB = 768  # measured: a job that imported ffcv and torch peaks at 430-530 MB
-WORKER_MB = 256  # a forked writer worker, beyond its page buffer
+PAGE_BUFFERS = 2  # a worker fills one page while its last is written (betonbuild.write.pages)
+WORKER_MB = 256  # a forked writer worker, beyond its page buffers
 ALLOCATION_BYTES = 24  # one allocation-table entry: sample id, pointer, size
 PYTHON_VALUE_BYTES = 160  # a numpy value in a Python list (verifying a python source)
 # verification: every pass over the file (structural checks, content digest, comparison) reads its
@@ -153,7 +154,7 @@ def _base_mb(spec: DatasetSpec, samples: int) -> int:
 
 def _write_mb(spec: DatasetSpec, samples: int, workers: int) -> int:
     table = samples * record_bytes(spec)
-    return _base_mb(spec, samples) + _mb(table) + workers * (WORKER_MB + _mb(spec.writer.page_size))
+    return _base_mb(spec, samples) + _mb(table) + workers * (WORKER_MB + _mb(PAGE_BUFFERS * spec.writer.page_size))
 
 
 def _allocations(spec: DatasetSpec, samples: int) -> int:

@@ -1,16 +1,16 @@
 """The pages written so far made durable while the workers still write, so that the fsync before
 the file is published (``betonbuild.atomic``) waits for the last pages only.
 
-The workers start each page's writeback as they write it (``pages.start_writeback``), but that
-does not make it durable: the fsync at the end still waited for the disk to commit every page of
-the file. On this project's 2-core VM that was 0.17-0.34 s per 380 MB JPEG write (benchmark 3,
-``strace -T`` at be95576), 4-8% of the write, spent with both cores idle. A thread of the writer's
-parent, which only watches the workers, calls ``fdatasync`` on the file whenever the workers have
-started new pages, at most every ``interval`` seconds: the disk commits the file as it grows, the
-thread waits in the kernel without a core, and the final fsync covers what was written since the
-last of these. Nothing depends on them for correctness: the fsync before the rename is still the
-one that makes the file durable, and an error here (a file system without fdatasync) only ends
-the thread.
+The workers' pages reach the disk as they are written (O_DIRECT, or their writeback started:
+``betonbuild.write.pages``), but that does not make them durable: the fsync at the end still
+waited for the disk to commit every page of the file (and its extents). On this project's 2-core
+VM that was 0.17-0.34 s per 380 MB JPEG write (benchmark 3, ``strace -T`` at be95576), 4-8% of the
+write, spent with both cores idle. A thread of the writer's parent, which only watches the
+workers, calls ``fdatasync`` on the file whenever the workers have started new pages, at most
+every ``interval`` seconds: the disk commits the file as it grows, the thread waits in the kernel
+without a core, and the final fsync covers what was written since the last of these. Nothing
+depends on them for correctness: the fsync before the rename is still the one that makes the file
+durable, and an error here (a file system without fdatasync) only ends the thread.
 """
 
 from __future__ import annotations
