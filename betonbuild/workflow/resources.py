@@ -41,10 +41,10 @@ from betonbuild.errors import SourceError
 from betonbuild.fields import field_kind, metadata_type
 from betonbuild.sources import adapter_files, gathers_fixed_values_one_by_one, source_class
 from betonbuild.verify import CHUNK_ROWS, resolve_mode
+from betonbuild.write.pages import PAGE_BUFFERS
 
 MB = 1 << 20
 PROCESS_MB = 768  # measured: a job that imported ffcv and torch peaks at 430-530 MB
-PAGE_BUFFERS = 2  # a worker fills one page while its last is written (betonbuild.write.pages)
 WORKER_MB = 256  # a forked writer worker, beyond its page buffers
 ALLOCATION_BYTES = 24  # one allocation-table entry: sample id, pointer, size
 PYTHON_VALUE_BYTES = 160  # a numpy value in a Python list (verifying a python source)

@@ -33,6 +33,7 @@ import numpy as np
 
 from betonbuild.beton.format import page_aligned
 
+PAGE_BUFFERS = 2  # per worker: one filled by the worker, one written by its thread
 O_DIRECT = getattr(os, "O_DIRECT", 0)  # none on macOS: pages then go through the page cache
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing the dirty pages of a range, do not wait
 
@@ -125,14 +126,13 @@ class PageWriter:
     """A worker's full pages written by a thread of its own while the worker fills the next one,
     ``O_DIRECT`` where the file system takes it, from one of two page buffers.
 
-    Buffered, the kernel copies each page into the page cache in the worker's time (0.2-0.25 s of
-    system time per worker for a 380 MB JPEG write, 2 workers, measured at 7e28817); with O_DIRECT
-    the disk reads it from the buffer and the worker's core goes on encoding (system time 0.65-0.89
-    s -> 0.37 s per write). Pages are aligned as O_DIRECT needs: their offsets and lengths are
-    multiples of the page size (2 MiB or more), their buffers anonymous maps. A file system that
-    refuses O_DIRECT (at open or at the first write, ``EINVAL``) is written through the page cache,
-    each page's writeback started. A write error is raised in the worker at its next page, or at
-    ``close``.
+    Buffered, the kernel copies each page into the page cache in the worker's time; with O_DIRECT
+    the disk reads it from the buffer and the worker's core goes on encoding (benchmark 3's 380 MB
+    JPEG write, 2 workers: system time 1.11-1.19 s at 7e28817, 0.53-0.60 s at 4bc13a5). Pages are
+    aligned as O_DIRECT needs: their offsets and lengths are multiples of the page size (2 MiB or
+    more), their buffers anonymous maps. A file system that refuses O_DIRECT (at open or at the
+    first write, ``EINVAL``) is written through the page cache, each page's writeback started. A
+    write error is raised in the worker at its next page, or at ``close``.
     """
 
     def __init__(self, fname: str, page_size: int):
@@ -140,7 +140,7 @@ class PageWriter:
         self.direct = O_DIRECT != 0
         self.fd = self._open()  # closed by close
         self.free: queue.SimpleQueue = queue.SimpleQueue()
-        for _ in range(2):  # one filled by the worker, one written by the thread
+        for _ in range(PAGE_BUFFERS):
             self.free.put(np.frombuffer(mmap.mmap(-1, page_size), dtype="<u1"))
         self.full: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None

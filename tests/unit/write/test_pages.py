@@ -61,16 +61,12 @@ def test_each_buffered_page_has_its_writeback_started_and_a_failing_hint_changes
     hint = lambda fd, offset, length, flags: asked.append((offset, length)) or -1  # noqa: E731 - -1: it failed
     monkeypatch.setattr(pages, "SYNC_FILE_RANGE", hint)
     monkeypatch.setattr(pages, "O_DIRECT", 0)  # through the page cache, as where there is no O_DIRECT
-    path = tmp_path / "file.beton"
-    path.write_bytes(b"H" * 100)
-    allocator = PageAllocator(str(path), 100, PAGE)
+    allocator, path = two_pages(tmp_path)
     with allocator:
         fill(allocator, 0, 5, PAGE - 10)
         fill(allocator, 1, 6, PAGE - 10)  # does not fit the rest of page 0: page 1
     assert asked == [(PAGE, PAGE), (2 * PAGE, PAGE)]
-    data = path.read_bytes()
-    assert data[PAGE : 2 * PAGE - 10] == bytes([5]) * (PAGE - 10)
-    assert data[2 * PAGE : 3 * PAGE - 10] == bytes([6]) * (PAGE - 10)
+    assert_two_pages_written(path)
     assert [record[0] for record in allocator.allocations] == [0, 1]
 
 
