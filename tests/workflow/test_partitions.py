@@ -487,6 +487,8 @@ def test_the_same_inputs_give_the_same_bytes_whatever_the_cores(built, tmp_path:
         shutil.copy(workdir / name, twin / name)
     shutil.copytree(workdir / "photos", twin / "photos")
     shutil.copytree(workdir / "shards", twin / "shards")
-    run_snakemake(twin, "--cores", "1", "all", timeout=600)  # the last --cores wins
-    for ds in ("digits", "photos", "shards", "names"):
+    datasets = ("digits", "photos", "shards", "names")
+    # the files alone (their verification is not what differs with the cores); the last --cores wins
+    run_snakemake(twin, "--cores", "1", *(f"results/{ds}/{ds}.beton" for ds in datasets), timeout=600)
+    for ds in datasets:
         assert sha256(twin / f"results/{ds}/{ds}.beton") == sha256(workdir / f"results/{ds}/{ds}.beton"), ds
